@@ -1,0 +1,1 @@
+"""Benchmarks: how fast the queue is, and how the whole system behaves under overload."""

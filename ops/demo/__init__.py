@@ -1,0 +1,1 @@
+"""`tidegate demo`: the whole system on one machine, with a live view and a summary."""

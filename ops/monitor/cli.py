@@ -1,0 +1,124 @@
+"""`tidegate monitor`: watch queue depth, raise and clear alarms, dispatch their actions to rq."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from types import FrameType
+
+import redis
+import typer
+
+from ops.monitor.dispatch import ACTIONS_QUEUE, CALLBACKS_QUEUE, JobOptions, rq_connection
+from ops.monitor.loop import Monitor, MonitorConfig, TickResult
+from ops.monitor.rq_worker import start_worker_process, stop_worker_process, work
+from ops.monitor.scaling import ScalingConfig
+from producer.cli_support import EXIT_BAD_INPUT, fail, load_settings, print_json, redis_failure
+from shared.metrics import build_registry, serve
+from shared.redis_conn import RedisUnavailable, connect, resolve_redis_url
+
+app = typer.Typer(add_completion=False)
+log = logging.getLogger("tidegate.monitor")
+
+
+def _summary(result: TickResult) -> str:
+    role = "acting" if result.acting else "standby"
+    if result.error:
+        return f"{role}: {result.error}"
+    level = result.level.label if result.level is not None else "unknown"
+    parts = [role, f"level {level}"]
+    if result.sample is not None:
+        parts += [
+            f"depth {result.sample.depth}",
+            f"in flight {result.sample.stats.inflight}",
+            f"drain {result.sample.drain_rate:.2f}/s",
+            f"workers {result.sample.workers_alive} (want {result.desired_workers})",
+        ]
+    parts += [f"{t.previous.label} -> {t.level.label} at depth {t.depth}" for t in result.transitions]
+    return " | ".join(parts)
+
+
+def _log_changes(result: TickResult, previous: list[bool]) -> None:
+    if result.error:
+        log.warning(_summary(result))
+    elif result.transitions or previous[0] != result.acting:
+        log.info(_summary(result))
+    previous[0] = result.acting
+
+
+@app.command()
+def monitor(
+    queue: str | None = typer.Option(None, "--queue", help="queue name (TIDEGATE_QUEUE_NAME)"),
+    interval: float = typer.Option(1.0, "--interval", min=0.05, help="seconds between samples"),
+    metrics_port: int = typer.Option(9108, "--metrics-port", min=0, max=65535, help="/metrics port; 0 = off"),
+    lock_ttl: float = typer.Option(
+        5.0, "--lock-ttl", min=0.5, help="seconds within which a standby replaces a dead acting monitor"
+    ),
+    target_drain_seconds: float = typer.Option(
+        30.0, "--target-drain-seconds", min=1.0, help="scale out so the backlog drains within this long"
+    ),
+    max_workers: int = typer.Option(64, "--max-workers", min=1, help="most workers the scale-out asks for"),
+    rq_worker: bool = typer.Option(
+        False, "--rq-worker", help="also run an rq worker for the action and callback jobs"
+    ),
+    actions_queue: str = typer.Option(ACTIONS_QUEUE, "--actions-queue", help="rq queue for alarm actions"),
+    callbacks_queue: str = typer.Option(
+        CALLBACKS_QUEUE, "--callbacks-queue", help="rq queue for ticket callbacks"
+    ),
+    once: bool = typer.Option(False, "--once", help="take one sample, act if no other monitor does, exit"),
+    as_json: bool = typer.Option(False, "--json", help="with --once: print the sample as one JSON document"),
+) -> None:
+    """Sample depth every interval; the monitor holding the lock publishes alarms and acts."""
+    settings = load_settings(queue_name=queue)
+    if lock_ttl <= interval:
+        fail(f"--lock-ttl {lock_ttl} must exceed --interval {interval}, or the lock lapses", EXIT_BAD_INPUT)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        url = resolve_redis_url(settings.redis_url)
+        client = connect(url)
+        client.ping()
+    except (RedisUnavailable, redis.RedisError) as exc:
+        redis_failure(exc)
+    jobs = JobOptions(actions_queue=actions_queue, callbacks_queue=callbacks_queue)
+    config = MonitorConfig(
+        interval_seconds=interval,
+        lock_ttl_seconds=lock_ttl,
+        scaling=ScalingConfig(target_drain_seconds=target_drain_seconds, max_workers=max_workers),
+        jobs=jobs,
+    )
+    runner = Monitor(client, rq_connection(url), settings.policy, settings.queue_name, config)
+    queues = [jobs.actions_queue, jobs.callbacks_queue]
+    if once:
+        result = runner.tick()
+        runner.close()
+        if rq_worker:
+            work(url, queues, burst=True)
+        if as_json:
+            print_json({"monitor": runner.monitor_id, "queue": settings.queue_name, **result.to_dict()})
+        else:
+            typer.echo(_summary(result))
+        if result.error:
+            raise typer.Exit(1)
+        return
+    if metrics_port:
+        try:
+            serve(build_registry(client, settings.policy, settings.queue_name), metrics_port)
+        except OSError as exc:
+            fail(f"cannot serve metrics on --metrics-port {metrics_port}: {exc.strerror}")
+    worker = start_worker_process(url, queues) if rq_worker else None
+    stop = threading.Event()
+
+    def request_stop(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    log.info("monitor %s watching queue %s every %.2f s", runner.monitor_id, settings.queue_name, interval)
+    acting = [False]
+    try:
+        runner.run(stop, on_tick=lambda result: _log_changes(result, acting))
+    finally:
+        if worker is not None:
+            stop_worker_process(worker)
+    log.info("monitor %s stopped", runner.monitor_id)

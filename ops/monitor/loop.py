@@ -1,0 +1,246 @@
+"""The monitor's loop: sample every interval, and if this monitor acts, publish and dispatch.
+
+Every sample the acting monitor writes the alarm hash (level, since, depth, updated_at) and its
+figures (`monitor_state`), so admission always reads a fresh level. A transition, its event and its
+action job are written in one transaction that also checks this monitor still holds the lock, so a
+monitor that lost the lock mid-sample cannot record anything. Actions run in rq, never here: the
+loop only writes to Redis and goes on.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import redis
+from redis import Redis
+from rq import Queue
+
+from ops.monitor.dispatch import JobOptions, action_jobs
+from ops.monitor.hysteresis import AlarmTracker, Transition
+from ops.monitor.leader import Leadership, new_monitor_id
+from ops.monitor.outbox import OutboxDrainer
+from ops.monitor.sampler import Sample, Sampler
+from ops.monitor.scaling import ScalingConfig, desired_workers
+from shared import clock
+from shared.control import append_event
+from shared.policy import AlarmLevel, Policy
+from shared.queue import TicketQueue
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class MonitorConfig:
+    interval_seconds: float = 1.0
+    lock_ttl_seconds: float = 5.0
+    """A dead acting monitor is replaced within this long."""
+    rate_window_seconds: float = 30.0
+    outbox_batch: int = 500
+    reap: bool = True
+    """Sweep expired TTLs and dead leases too, so tickets expire even while no worker runs."""
+    scaling: ScalingConfig = field(default_factory=ScalingConfig)
+    jobs: JobOptions = field(default_factory=JobOptions)
+
+
+@dataclass(frozen=True)
+class TickResult:
+    at: float
+    acting: bool
+    level: AlarmLevel | None
+    sample: Sample | None = None
+    desired_workers: int | None = None
+    transitions: list[Transition] = field(default_factory=list)
+    callbacks_handed: int = 0
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {
+            "at": self.at,
+            "acting": self.acting,
+            "level": self.level.label if self.level is not None else None,
+            "desired_workers": self.desired_workers,
+            "transitions": [
+                {"from": t.previous.label, "to": t.level.label, "depth": t.depth, "at": t.at}
+                for t in self.transitions
+            ],
+            "callbacks_handed": self.callbacks_handed,
+            "error": self.error,
+        }
+        if self.sample is not None:
+            doc.update(
+                depth=self.sample.depth,
+                depth_by_type=self.sample.stats.depth_by_type,
+                inflight=self.sample.stats.inflight,
+                oldest_wait_seconds=self.sample.stats.oldest_age_by_type,
+                drain_rate=self.sample.drain_rate,
+                arrival_rate=self.sample.arrival_rate,
+                workers_alive=self.sample.workers_alive,
+                kv_free_min=self.sample.kv_free_min,
+            )
+        return doc
+
+
+class NotActing(Exception):
+    """The lock moved to another monitor between renewing it and publishing."""
+
+
+def _text(value: Any) -> str | None:
+    return value.decode() if isinstance(value, bytes) else (None if value is None else str(value))
+
+
+class Monitor:
+    """One monitor of one queue; several may run, the lock holder acts."""
+
+    def __init__(
+        self,
+        client: Redis,
+        rq_conn: Redis,
+        policy: Policy,
+        queue_name: str = "default",
+        config: MonitorConfig | None = None,
+        monitor_id: str | None = None,
+    ) -> None:
+        self.redis = client
+        self.rq_conn = rq_conn
+        self.policy = policy
+        self.config = config or MonitorConfig()
+        self.monitor_id = monitor_id or new_monitor_id()
+        self.queue = TicketQueue(client, policy, queue_name)
+        self.keys = self.queue.keys
+        self.sampler = Sampler(self.queue, self.config.rate_window_seconds)
+        self.leadership = Leadership(client, self.keys, self.monitor_id, self.config.lock_ttl_seconds)
+        self.actions_queue = Queue(self.config.jobs.actions_queue, connection=rq_conn)
+        self.outbox = OutboxDrainer(rq_conn, queue_name, self.config.jobs)
+        self.tracker: AlarmTracker | None = None
+        """The alarm state while acting; rebuilt from what Redis holds on taking over."""
+
+    @property
+    def queue_name(self) -> str:
+        return self.keys.queue
+
+    # ---- one sample ---------------------------------------------------------------------------
+    def tick(self, now: float | None = None) -> TickResult:
+        """Sample once; when acting, publish the level and figures and dispatch actions."""
+        at = clock.now() if now is None else now
+        try:
+            acting = self.leadership.refresh()
+            if not acting:
+                self.tracker = None
+                return self._standby(at)
+            if self.config.reap:
+                self.queue.reap(self.monitor_id, self.config.interval_seconds)
+            return self._act(at)
+        except redis.RedisError as exc:
+            self.tracker = None  # what was published is unknown; reload it next time
+            log.warning("monitor %s: Redis error, will retry: %s", self.monitor_id, exc)
+            return TickResult(at, self.leadership.acting, None, error=f"Redis error: {exc}")
+
+    def _standby(self, at: float) -> TickResult:
+        sample = self.sampler.sample(at)  # keeps the rate windows warm for a takeover
+        raw = _text(self.redis.hget(self.keys.alarm, "level"))
+        level = AlarmLevel.parse(raw) if raw else None
+        return TickResult(at, False, level, sample, self._desired(sample))
+
+    def _act(self, at: float) -> TickResult:
+        sample = self.sampler.sample(at)
+        desired = self._desired(sample)
+        tracker = copy.deepcopy(self.tracker) if self.tracker is not None else self._tracker_from_redis()
+        transitions = tracker.observe(sample.depth, at)
+        try:
+            self._publish(sample, desired, tracker, transitions, at)
+        except (NotActing, redis.WatchError):
+            log.warning("monitor %s: lock moved before publishing; standing by", self.monitor_id)
+            self.leadership.acting = False
+            self.tracker = None
+            return TickResult(at, False, None, sample, desired, error="lost the lock before publishing")
+        self.tracker = tracker
+        for t in transitions:
+            log.warning(
+                "alarm %s -> %s at depth %d (queue %s)",
+                t.previous.label,
+                t.level.label,
+                t.depth,
+                self.queue_name,
+            )
+        handed = self.outbox.drain(self.config.outbox_batch)
+        return TickResult(at, True, tracker.level, sample, desired, transitions, handed)
+
+    def _desired(self, sample: Sample) -> int:
+        return desired_workers(
+            sample.depth, sample.drain_rate, sample.arrival_rate, sample.workers_alive, self.config.scaling
+        )
+
+    def _tracker_from_redis(self) -> AlarmTracker:
+        raw = cast("dict[str, str]", self.redis.hgetall(self.keys.alarm))
+        level = AlarmLevel.parse(raw["level"]) if raw.get("level") else AlarmLevel.GREEN
+        since = float(raw["since"]) if raw.get("since") else None
+        return AlarmTracker(self.policy.alarms, level, since)
+
+    def _publish(
+        self, sample: Sample, desired: int, tracker: AlarmTracker, transitions: list[Transition], at: float
+    ) -> None:
+        alarm = {
+            "level": tracker.level.label,
+            "since": repr(tracker.since if tracker.since is not None else at),
+            "depth": sample.depth,
+            "updated_at": repr(at),
+        }
+        kv_free = sample.kv_free_min
+        figures = {
+            "drain_rate": round(sample.drain_rate, 4),
+            "arrival_rate": round(sample.arrival_rate, 4),
+            "desired_workers": desired,
+            "kv_free_min": "" if kv_free is None else round(kv_free, 4),
+            "workers_alive": sample.workers_alive,
+            "acting_monitor": self.monitor_id,
+            "updated_at": repr(at),
+        }
+        jobs = action_jobs(self.queue_name, transitions, desired, self.policy.hooks, self.config.jobs)
+        with self.rq_conn.pipeline(transaction=True) as pipe:
+            pipe.watch(self.keys.monitor_lock)  # type: ignore[no-untyped-call]
+            if _text(pipe.get(self.keys.monitor_lock)) != self.monitor_id:
+                raise NotActing(self.monitor_id)
+            pipe.multi()
+            pipe.hset(self.keys.alarm, mapping=alarm)
+            pipe.hset(self.keys.monitor_state, mapping=figures)
+            for t in transitions:
+                fields: dict[str, str | int | float] = {
+                    "from": t.previous.label,
+                    "to": t.level.label,
+                    "depth": t.depth,
+                    "at": repr(t.at),
+                }
+                append_event(pipe, self.keys, "alarm", **fields)
+            if jobs:
+                self.actions_queue.enqueue_many(jobs, pipeline=pipe)
+            pipe.execute()
+
+    # ---- the loop -------------------------------------------------------------------------------
+    def run(self, stop: threading.Event, on_tick: Callable[[TickResult], None] | None = None) -> None:
+        """Tick every interval until `stop` is set; then give the lock up so a standby takes over."""
+        try:
+            while not stop.is_set():
+                started = time.monotonic()
+                try:
+                    result = self.tick()
+                    if on_tick is not None:
+                        on_tick(result)
+                except Exception:
+                    # A bug in one sample must not stop the alarms: log it and sample again.
+                    log.exception("monitor %s: sample failed", self.monitor_id)
+                    self.tracker = None
+                stop.wait(max(self.config.interval_seconds - (time.monotonic() - started), 0.0))
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        try:
+            self.leadership.release()
+        except redis.RedisError as exc:
+            log.warning("monitor %s: could not release the lock: %s", self.monitor_id, exc)

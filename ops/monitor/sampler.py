@@ -1,0 +1,88 @@
+"""One sample of a queue: depth and age per type, in-flight, drain and arrival rates, live workers.
+
+Rates come from the growth of the outcome counters in Redis (`keys.counts`) over a sliding window,
+so they measure what actually left the queue whoever did the work, and a monitor that takes over
+needs only a few samples to know them.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from shared import clock
+from shared.live_workers import WorkerView, min_kv_free, read_live_workers
+from shared.queue import QueueStats, TicketQueue
+
+DRAIN_OUTCOMES = ("done", "failed", "expired", "cancelled")
+"""Outcomes that take a ticket out of the system; their growth is the drain rate."""
+
+
+class RateWindow:
+    """Rate of change of an ever-growing count over the last `window_seconds`."""
+
+    def __init__(self, window_seconds: float) -> None:
+        if window_seconds <= 0:
+            raise ValueError(f"window_seconds must be > 0, got {window_seconds}")
+        self.window_seconds = window_seconds
+        self._points: deque[tuple[float, int]] = deque()
+
+    def add(self, at: float, count: int) -> float:
+        """Record `count` at time `at`; returns the rate over the window (0 until two points exist)."""
+        if self._points and (count < self._points[-1][1] or at < self._points[-1][0]):
+            self._points.clear()  # counters were reset or the clock went back: start over
+        self._points.append((at, count))
+        while len(self._points) > 2 and at - self._points[1][0] >= self.window_seconds:
+            self._points.popleft()
+        first_at, first_count = self._points[0]
+        elapsed = at - first_at
+        return (count - first_count) / elapsed if elapsed > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Sample:
+    at: float
+    stats: QueueStats
+    drain_rate: float
+    """Tickets per second that reached done, failed, expired or cancelled."""
+    arrival_rate: float
+    """Tickets per second admitted into the queue (submitted minus rejected)."""
+    workers: list[WorkerView] = field(default_factory=list)
+
+    @property
+    def depth(self) -> int:
+        return self.stats.depth
+
+    @property
+    def workers_alive(self) -> int:
+        return len(self.workers)
+
+    @property
+    def kv_free_min(self) -> float | None:
+        return min_kv_free(self.workers)
+
+
+def _total(stats: QueueStats, outcomes: tuple[str, ...]) -> int:
+    return sum(value for key, value in stats.counts.items() if key.rpartition(":")[2] in outcomes)
+
+
+class Sampler:
+    """Takes samples of one queue and keeps the windows its rates need."""
+
+    def __init__(self, queue: TicketQueue, window_seconds: float = 30.0) -> None:
+        self.queue = queue
+        self._drained = RateWindow(window_seconds)
+        self._arrived = RateWindow(window_seconds)
+
+    def sample(self, now: float | None = None) -> Sample:
+        at = clock.now() if now is None else now
+        stats = self.queue.stats()
+        workers = read_live_workers(self.queue.redis, self.queue.keys, at)
+        admitted = _total(stats, ("submitted",)) - _total(stats, ("rejected",))
+        return Sample(
+            at=at,
+            stats=stats,
+            drain_rate=self._drained.add(at, _total(stats, DRAIN_OUTCOMES)),
+            arrival_rate=self._arrived.add(at, admitted),
+            workers=workers,
+        )

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Run every check the project has, from a fresh clone: create .venv, install tidegate with its test
+# extras, make sure a Redis answers for the integration tests (start a private one if none does),
+# prepare real vLLM on the CPU when it can be installed, then ruff, mypy --strict and pytest.
+#
+#   bash ops/test.sh                 # everything
+#   bash ops/test.sh tests/queue -x  # extra arguments go to pytest
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+VENV=${TIDEGATE_VENV:-.venv}
+
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PYTHON" -m venv "$VENV"
+fi
+"$VENV/bin/python" -m pip install -q --upgrade pip
+"$VENV/bin/python" -m pip install -q -e '.[test]'
+
+# --- Redis for the integration tests -------------------------------------------------------------
+export TIDEGATE_TEST_REDIS_URL=${TIDEGATE_TEST_REDIS_URL:-redis://127.0.0.1:6379/9}
+redis_answers() { "$VENV/bin/python" - "$TIDEGATE_TEST_REDIS_URL" <<'PY'
+import sys, redis
+try:
+    sys.exit(0 if redis.Redis.from_url(sys.argv[1], socket_connect_timeout=1).ping() else 1)
+except Exception:
+    sys.exit(1)
+PY
+}
+if ! redis_answers; then
+  if ! command -v redis-server >/dev/null 2>&1; then
+    echo "redis-server is not installed; installing it with apt-get" >&2
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server) >&2
+  fi
+  # A private server that keeps nothing on disk, for these tests only.
+  port=$("$VENV/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --daemonize yes \
+    --logfile "/tmp/tidegate-test-redis-$port.log" --pidfile "/tmp/tidegate-test-redis-$port.pid"
+  export TIDEGATE_TEST_REDIS_URL="redis://127.0.0.1:$port/9"
+  trap 'kill "$(cat /tmp/tidegate-test-redis-'"$port"'.pid)" 2>/dev/null || true' EXIT
+  for _ in $(seq 50); do redis_answers && break; sleep 0.1; done
+  redis_answers || { echo "could not start redis-server on port $port" >&2; exit 1; }
+  echo "started a private redis-server on 127.0.0.1:$port for the tests"
+fi
+
+# --- promtool checks the alert rules (tests skip with the reason when it is missing) ---------------
+if ! command -v promtool >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  echo "installing promtool (Debian's prometheus package) for the alert-rule tests" >&2
+  (timeout 300 apt-get install -y -qq --no-install-recommends prometheus >/dev/null 2>&1 \
+    || (apt-get update -qq && timeout 300 apt-get install -y -qq --no-install-recommends prometheus) >/dev/null 2>&1) \
+    || echo "WARNING: promtool could not be installed; the promtool tests will be skipped" >&2
+fi
+
+# --- real vLLM on the CPU (tests marked `vllm` skip loudly when this fails) ----------------------
+if [ -x ops/vllm_cpu/setup_all.sh ] && [ "${TIDEGATE_SKIP_VLLM_SETUP:-0}" != 1 ]; then
+  if bash ops/vllm_cpu/setup_all.sh; then
+    # Prepared, so a vLLM test that cannot start its server is a failure, not a skip.
+    export TIDEGATE_REQUIRE_VLLM=1
+  else
+    echo "WARNING: vLLM-CPU could not be prepared; the tests marked 'vllm' will be skipped" >&2
+  fi
+fi
+
+# --- static checks and tests ---------------------------------------------------------------------
+"$VENV/bin/ruff" check .
+"$VENV/bin/ruff" format --check .
+"$VENV/bin/mypy"
+"$VENV/bin/pytest" "$@"

@@ -1,0 +1,97 @@
+"""The app factory: `uvicorn --factory producer.api.app:create_app` (what `tidegate api` runs).
+
+A factory rather than a module-level app so each uvicorn worker process builds its own Redis pool
+and caches, and tests can build an app for their own queue from a Settings object.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+
+from producer.api import routes_ops, routes_tickets
+from producer.api.auth import Authenticator
+from producer.api.context import ApiContext
+from producer.api.errors import install_error_handlers
+from producer.api.keys import ApiKeyStore
+from producer.api.limits import BodySizeLimit
+from producer.producer import Producer
+from shared.config import Settings
+from shared.metrics import build_registry
+from shared.policy import Policy
+from shared.redis_conn import connect
+
+API_VERSION = "1"
+
+
+def create_app(
+    settings: Settings | None = None,
+    *,
+    auth_cache_seconds: float = 1.0,
+    admission_cache_seconds: float = 0.25,
+) -> FastAPI:
+    """The API for `settings` (default: the environment, TIDEGATE_*)."""
+    settings = settings or Settings()
+    redis = connect(settings.redis_url)
+    producer = Producer(
+        redis,
+        settings.policy,
+        settings.queue_name,
+        fallback_configured=bool(settings.fallback_vllm_url),
+        admission_cache_seconds=admission_cache_seconds,
+    )
+    key_store = ApiKeyStore(redis, producer.queue.keys)
+    context = ApiContext(
+        settings=settings,
+        redis=redis,
+        producer=producer,
+        key_store=key_store,
+        authenticator=Authenticator(key_store, settings.operator_key, auth_cache_seconds),
+        registry=build_registry(redis, settings.policy, settings.queue_name),
+    )
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        redis.close()
+
+    app = FastAPI(
+        title="tidegate",
+        version=API_VERSION,
+        description=(
+            "Branch-office API of the tidegate LLM work queue. Authenticate with "
+            "`Authorization: Bearer <key>`; a branch reads and cancels only its own tickets."
+        ),
+        lifespan=lifespan,
+    )
+    app.state.context = context
+    install_error_handlers(app)
+    app.include_router(routes_tickets.router)
+    app.include_router(routes_ops.router)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.api_max_body_bytes)
+    _document_policy(app, settings.policy)
+    return app
+
+
+def _document_policy(app: FastAPI, policy: Policy) -> None:
+    """Show this deployment's ticket types as an enum, so clients and generated tests see them."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = get_openapi(
+                title=app.title,
+                version=app.version,
+                description=app.description,
+                routes=app.routes,
+            )
+            body = schema["components"]["schemas"]["TicketBody"]
+            body["properties"]["type"]["enum"] = policy.type_names
+            body["properties"]["type"]["description"] = "a ticket type of the policy"
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

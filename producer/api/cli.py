@@ -1,0 +1,53 @@
+"""`tidegate api`: serve the branch-office HTTP API with uvicorn.
+
+Flags are written into the TIDEGATE_* environment before uvicorn starts, because with `--workers N`
+each worker process builds its own app from the environment (the app factory reads Settings()).
+"""
+
+from __future__ import annotations
+
+import os
+
+import typer
+import uvicorn
+
+from producer.cli_support import load_settings
+from shared.redis_conn import RedisUnavailable, resolve_redis_url
+
+app = typer.Typer(add_completion=False)
+
+DEFAULT_PORT = 8080
+
+
+@app.command()
+def api(
+    host: str = typer.Option("127.0.0.1", "--host", help="address to bind (0.0.0.0 for all)"),
+    port: int = typer.Option(DEFAULT_PORT, "--port", min=0, max=65535),
+    workers: int = typer.Option(1, "--workers", min=1, max=64, help="uvicorn worker processes"),
+    redis_url: str | None = typer.Option(None, "--redis-url", help="TIDEGATE_REDIS_URL"),
+    queue: str | None = typer.Option(None, "--queue", help="queue name (TIDEGATE_QUEUE_NAME)"),
+    policy_file: str | None = typer.Option(None, "--policy-file", help="TIDEGATE_POLICY_FILE"),
+    log_level: str = typer.Option("info", "--log-level", help="uvicorn log level"),
+    access_log: bool = typer.Option(True, "--access-log/--no-access-log"),
+) -> None:
+    """Serve the branch-office HTTP API (OpenAPI at /openapi.json, docs at /docs)."""
+    settings = load_settings(redis_url=redis_url, queue_name=queue, policy_file=policy_file)
+    try:
+        url = resolve_redis_url(settings.redis_url)
+    except RedisUnavailable as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    os.environ["TIDEGATE_REDIS_URL"] = url
+    os.environ["TIDEGATE_QUEUE_NAME"] = settings.queue_name
+    if settings.policy_file:
+        os.environ["TIDEGATE_POLICY_FILE"] = settings.policy_file
+    uvicorn.run(
+        "producer.api.app:create_app",
+        factory=True,
+        host=host,
+        port=port,
+        workers=workers,
+        log_level=log_level,
+        access_log=access_log,
+        proxy_headers=True,
+    )

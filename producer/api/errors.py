@@ -1,0 +1,158 @@
+"""Error bodies and exception handlers: every failure answers JSON, and no input reaches a 500.
+
+Errors use OpenAI's shape (`{"error": {message, type, param, code}}`) so branch systems built on
+OpenAI clients already parse them; validation failures keep FastAPI's 422 shape
+(`{"detail": [{loc, msg, type}]}`), one entry per bad field, without echoing the input back.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import redis
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from producer.api.schemas import ErrorBody, ErrorObject, ValidationErrorBody, ValidationIssue
+from shared.errors import FieldError
+
+log = logging.getLogger("tidegate.api")
+
+REDIS_DOWN_RETRY_AFTER = 1
+
+_STATUS_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "request_too_large",
+    415: "invalid_request_error",
+    429: "rate_limit_exceeded",
+    500: "internal_error",
+    503: "service_unavailable",
+}
+
+
+ResponseDocs = dict[int | str, dict[str, Any]]
+
+UNAUTHORIZED = "missing, unknown or revoked API key"
+UNREADABLE = "body is not UTF-8 text"
+TOO_LARGE = "body over TIDEGATE_API_MAX_BODY_BYTES"
+_RETRY_AFTER_DOC = {"description": "seconds to wait before retrying", "schema": {"type": "integer"}}
+
+
+def error_responses(descriptions: Mapping[int, str]) -> ResponseDocs:
+    """OpenAPI entries for error statuses a route answers (all with the OpenAI-style body)."""
+    docs: ResponseDocs = {}
+    for status, description in descriptions.items():
+        doc: dict[str, Any] = {"model": ErrorBody, "description": description}
+        if status in (429, 503):
+            doc["headers"] = {"Retry-After": _RETRY_AFTER_DOC}
+        docs[status] = doc
+    return docs
+
+
+class ApiError(Exception):
+    """Raised by a route to answer `status` with an OpenAI-style error body."""
+
+    def __init__(self, status: int, error: ErrorObject, headers: Mapping[str, str] | None = None) -> None:
+        super().__init__(error.message)
+        self.status = status
+        self.error = error
+        self.headers = dict(headers or {})
+
+
+def api_error(
+    status: int,
+    message: str,
+    *,
+    code: str | None = None,
+    param: str | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> ApiError:
+    error_type = _STATUS_TYPES.get(status, "invalid_request_error")
+    return ApiError(status, ErrorObject(message=message, type=error_type, param=param, code=code), headers)
+
+
+def error_response(status: int, error: ErrorObject, headers: Mapping[str, str] | None = None) -> JSONResponse:
+    body = ErrorBody(error=error).model_dump(mode="json", exclude_none=False)
+    if error.ticket_id is None:
+        body["error"].pop("ticket_id")
+    return JSONResponse(body, status_code=status, headers=dict(headers or {}))
+
+
+def issues_from_pydantic(
+    errors: Iterable[Mapping[str, Any]], prefix: Sequence[str | int] = ()
+) -> list[ValidationIssue]:
+    """pydantic/FastAPI error dicts as issues; `prefix` locates them (e.g. body, tickets, 3)."""
+    out = []
+    for item in errors:
+        message = str(item.get("msg", "invalid value")).removeprefix("Value error, ")
+        loc = [*prefix, *(p if isinstance(p, int) else str(p) for p in item.get("loc", ()))]
+        out.append(ValidationIssue(loc=loc, msg=message, type=str(item.get("type", "value_error"))))
+    return out
+
+
+def issues_from_fields(errors: Iterable[FieldError], prefix: Sequence[str | int]) -> list[ValidationIssue]:
+    """The producer's FieldErrors (policy checks: known type, context limit) as 422 issues."""
+    out = []
+    for error in errors:
+        parts: list[str | int] = []
+        if error.field != "body":
+            parts = [int(p) if p.isdigit() else p for p in error.field.split(".")]
+        kind = "extra_forbidden" if error.message == "unknown field" else "value_error"
+        out.append(ValidationIssue(loc=[*prefix, *parts], msg=error.message, type=kind))
+    return out
+
+
+def validation_response(issues: list[ValidationIssue]) -> JSONResponse:
+    return JSONResponse(ValidationErrorBody(detail=issues).model_dump(mode="json"), status_code=422)
+
+
+async def _on_request_validation(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    return validation_response(issues_from_pydantic(exc.errors()))
+
+
+async def _on_api_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ApiError)
+    return error_response(exc.status, exc.error, exc.headers)
+
+
+async def _on_http_exception(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    error = ErrorObject(
+        message=str(exc.detail), type=_STATUS_TYPES.get(exc.status_code, "invalid_request_error")
+    )
+    return error_response(exc.status_code, error, exc.headers)
+
+
+async def _on_redis_down(request: Request, exc: Exception) -> JSONResponse:
+    log.warning("Redis unreachable while serving %s %s: %s", request.method, request.url.path, exc)
+    error = ErrorObject(
+        message="the queue's Redis is unreachable; nothing was changed, retry shortly",
+        type="service_unavailable",
+        code="redis_unavailable",
+    )
+    return error_response(503, error, {"Retry-After": str(REDIS_DOWN_RETRY_AFTER)})
+
+
+async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+    # Last resort only: the tests drive generated input through every route and expect none here.
+    log.exception("unexpected error serving %s %s", request.method, request.url.path)
+    error = ErrorObject(message="internal error; it has been logged", type="internal_error")
+    return error_response(500, error)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(RequestValidationError, _on_request_validation)
+    app.add_exception_handler(ApiError, _on_api_error)
+    app.add_exception_handler(StarletteHTTPException, _on_http_exception)
+    app.add_exception_handler(redis.ConnectionError, _on_redis_down)
+    app.add_exception_handler(redis.TimeoutError, _on_redis_down)
+    app.add_exception_handler(Exception, _on_unexpected)

@@ -1,0 +1,132 @@
+"""API keys: one per branch (or operator), shown once at creation and stored only as a sha256.
+
+A stolen Redis dump then reveals no usable key. A key's id (the first hex digits of its hash) names it
+in listings and revocations without exposing it. Revoked keys keep their record for the audit trail.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import re
+import secrets
+from dataclasses import asdict, dataclass
+from enum import StrEnum
+from typing import cast
+
+from redis import Redis
+
+from shared import clock
+from shared.keys import QueueKeys
+
+TOKEN_PREFIX = "tg_"
+KEY_ID_LENGTH = 12
+BRANCH_ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
+"""The same rule as a ticket's branch_id, so every key's branch can own tickets."""
+
+
+class Role(StrEnum):
+    BRANCH = "branch"
+    OPERATOR = "operator"
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    """A stored key without its secret."""
+
+    key_id: str
+    role: Role
+    branch_id: str | None
+    label: str
+    created_at: float
+    revoked_at: float | None = None
+
+    @property
+    def revoked(self) -> bool:
+        return self.revoked_at is not None
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, raw: str) -> ApiKey:
+        data = json.loads(raw)
+        return cls(
+            key_id=str(data["key_id"]),
+            role=Role(data["role"]),
+            branch_id=data.get("branch_id"),
+            label=str(data.get("label", "")),
+            created_at=float(data["created_at"]),
+            revoked_at=None if data.get("revoked_at") is None else float(data["revoked_at"]),
+        )
+
+
+class ApiKeyError(ValueError):
+    """A key operation that cannot be done; the message names the value and what is accepted."""
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+def tokens_equal(a: str, b: str) -> bool:
+    """Constant-time comparison, so response timing leaks nothing about a key."""
+    return hmac.compare_digest(hash_token(a), hash_token(b))
+
+
+class ApiKeyStore:
+    """Keys of one queue in `keys.api_keys` (HASH sha256(token) → ApiKey JSON)."""
+
+    def __init__(self, redis: Redis, keys: QueueKeys) -> None:
+        self.redis = redis
+        self.keys = keys
+
+    def create(self, role: Role, branch_id: str | None = None, label: str = "") -> tuple[str, ApiKey]:
+        """A new key: returns the token (shown once, never stored) and its record."""
+        if role is Role.BRANCH:
+            if branch_id is None or not BRANCH_ID_PATTERN.match(branch_id):
+                raise ApiKeyError(
+                    f"branch {branch_id!r} is not a valid branch id: use 1-32 letters, digits, '_' or '-'"
+                )
+        elif branch_id is not None:
+            raise ApiKeyError(f"an operator key belongs to no branch, got branch {branch_id!r}")
+        token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+        digest = hash_token(token)
+        record = ApiKey(digest[:KEY_ID_LENGTH], role, branch_id, label, clock.now())
+        self.redis.hset(self.keys.api_keys, digest, record.to_json())
+        return token, record
+
+    def lookup(self, token: str) -> ApiKey | None:
+        """The record of `token`, revoked or not; None for a key never issued here."""
+        raw = cast("str | bytes | None", self.redis.hget(self.keys.api_keys, hash_token(token)))
+        if raw is None:
+            return None
+        return ApiKey.from_json(raw.decode() if isinstance(raw, bytes) else raw)
+
+    def _all(self) -> dict[str, ApiKey]:
+        raw = cast("dict[str | bytes, str | bytes]", self.redis.hgetall(self.keys.api_keys))
+        return {
+            (k.decode() if isinstance(k, bytes) else k): ApiKey.from_json(
+                v.decode() if isinstance(v, bytes) else v
+            )
+            for k, v in raw.items()
+        }
+
+    def list_keys(self, branch_id: str | None = None) -> list[ApiKey]:
+        """Every key (oldest first), optionally of one branch; secrets are never stored, so never shown."""
+        found = [k for k in self._all().values() if branch_id is None or k.branch_id == branch_id]
+        return sorted(found, key=lambda k: k.created_at)
+
+    def revoke(self, key_id: str) -> ApiKey:
+        """Mark the key `key_id` revoked (kept for the audit trail); revoking twice is harmless."""
+        for digest, record in self._all().items():
+            if record.key_id == key_id:
+                if record.revoked:
+                    return record
+                revoked = ApiKey(
+                    record.key_id, record.role, record.branch_id, record.label, record.created_at, clock.now()
+                )
+                self.redis.hset(self.keys.api_keys, digest, revoked.to_json())
+                return revoked
+        raise ApiKeyError(f"no API key with id {key_id!r}; `tidegate keys list` shows the ids")

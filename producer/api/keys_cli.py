@@ -1,0 +1,118 @@
+"""`tidegate keys create | list | revoke`: branch and operator API keys."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import asdict
+from typing import Any
+
+import redis
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from producer.api.keys import ApiKey, ApiKeyError, ApiKeyStore, Role
+from producer.cli_support import EXIT_BAD_INPUT, fail, load_settings, print_json, redis_failure
+from shared.keys import QueueKeys
+from shared.redis_conn import RedisUnavailable, connect
+
+app = typer.Typer(add_completion=False, help="Manage branch API keys.")
+
+QueueOption = typer.Option(None, "--queue", help="queue name (TIDEGATE_QUEUE_NAME)")
+JsonOption = typer.Option(False, "--json", help="print one JSON document")
+
+
+def _store(queue: str | None) -> ApiKeyStore:
+    settings = load_settings(queue_name=queue)
+    try:
+        client = connect(settings.redis_url)
+    except RedisUnavailable as exc:
+        redis_failure(exc)
+    return ApiKeyStore(client, QueueKeys(settings.queue_name))
+
+
+def _doc(key: ApiKey) -> dict[str, Any]:
+    doc = asdict(key)
+    doc["role"] = key.role.value
+    doc["revoked"] = key.revoked
+    return doc
+
+
+def _when(timestamp: float | None) -> str:
+    if timestamp is None:
+        return ""
+    return dt.datetime.fromtimestamp(timestamp, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+@app.command()
+def create(
+    branch: str | None = typer.Option(None, "--branch", help="the branch the key submits for, e.g. 0412"),
+    operator: bool = typer.Option(False, "--operator", help="an operator key (reads everything, sets mode)"),
+    label: str = typer.Option("", "--label", help="a note for the listing, e.g. who holds it"),
+    queue: str | None = QueueOption,
+    as_json: bool = JsonOption,
+) -> None:
+    """Create a key. The key is printed once and stored only as a hash: keep it now."""
+    if operator == (branch is not None):
+        fail("give exactly one of --branch ID or --operator", EXIT_BAD_INPUT)
+    store = _store(queue)
+    try:
+        token, record = store.create(Role.OPERATOR if operator else Role.BRANCH, branch, label)
+    except ApiKeyError as exc:
+        fail(str(exc), EXIT_BAD_INPUT)
+    except redis.RedisError as exc:
+        redis_failure(exc)
+    if as_json:
+        print_json({"key": token, **_doc(record)})
+        return
+    owner = "operator" if operator else f"branch {branch}"
+    typer.echo(f"created key {record.key_id} for {owner}; it is shown only now:")
+    typer.echo(token)
+
+
+@app.command("list")
+def list_keys(
+    branch: str | None = typer.Option(None, "--branch", help="only this branch's keys"),
+    queue: str | None = QueueOption,
+    as_json: bool = JsonOption,
+) -> None:
+    """List keys (ids, branches, roles, revocations); secrets are never stored, so never shown."""
+    store = _store(queue)
+    try:
+        found = store.list_keys(branch)
+    except redis.RedisError as exc:
+        redis_failure(exc)
+    if as_json:
+        print_json({"keys": [_doc(k) for k in found]})
+        return
+    table = Table("id", "role", "branch", "label", "created", "revoked")
+    for key in found:
+        table.add_row(
+            key.key_id,
+            key.role.value,
+            key.branch_id or "",
+            key.label,
+            _when(key.created_at),
+            _when(key.revoked_at),
+        )
+    Console().print(table)
+
+
+@app.command()
+def revoke(
+    key_id: str = typer.Argument(..., help="the key's id from `tidegate keys list`"),
+    queue: str | None = QueueOption,
+    as_json: bool = JsonOption,
+) -> None:
+    """Revoke a key: the API answers 401 to it within a second."""
+    store = _store(queue)
+    try:
+        record = store.revoke(key_id)
+    except ApiKeyError as exc:
+        fail(str(exc), EXIT_BAD_INPUT)
+    except redis.RedisError as exc:
+        redis_failure(exc)
+    if as_json:
+        print_json(_doc(record))
+        return
+    typer.echo(f"revoked key {record.key_id} ({record.role.value} {record.branch_id or ''})".rstrip())

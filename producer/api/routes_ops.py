@@ -1,0 +1,109 @@
+"""Queue state, the operator's mode switch, health and metrics."""
+
+from __future__ import annotations
+
+from typing import cast
+
+from fastapi import APIRouter, Response
+
+from producer.api.auth import require_operator
+from producer.api.context import Caller, Context
+from producer.api.errors import UNAUTHORIZED, UNREADABLE, error_responses
+from producer.api.schemas import (
+    AlarmLabel,
+    HealthView,
+    ModeBody,
+    ModeView,
+    QueuesView,
+    TypeDepth,
+    WorkerSummary,
+    WorkersView,
+)
+from shared.control import read_control_state, set_mode
+from shared.live_workers import read_live_workers
+from shared.metrics import render
+
+router = APIRouter()
+
+
+@router.get(
+    "/v1/queues", response_model=QueuesView, responses=error_responses({401: UNAUTHORIZED}), tags=["queues"]
+)
+def queues(context: Context, principal: Caller) -> QueuesView:
+    """Depth per type, alarm level, mode and workers; worker details for operator keys."""
+    queue = context.producer.queue
+    stats = queue.stats()
+    state, _ = read_control_state(context.redis, queue.keys, context.policy.alarms)
+    workers = read_live_workers(context.redis, queue.keys)
+    details = None
+    if principal.is_operator:
+        details = [
+            WorkerSummary(
+                worker_id=w.worker_id,
+                host=w.host,
+                gpu=w.gpu,
+                model=w.model,
+                inflight=w.inflight,
+                batch_limit=w.batch_limit,
+                kv_usage=w.kv_usage,
+            )
+            for w in workers
+        ]
+    return QueuesView(
+        queue=context.settings.queue_name,
+        level=cast("AlarmLabel", state.level.label),
+        level_since=state.level_since,
+        mode=state.mode,
+        depth=stats.depth,
+        inflight=stats.inflight,
+        drain_rate=state.drain_rate,
+        types={
+            name: TypeDepth(
+                depth=stats.depth_by_type.get(name, 0),
+                oldest_wait_seconds=stats.oldest_age_by_type.get(name, 0.0),
+                cap=type_policy.cap,
+            )
+            for name, type_policy in context.policy.types.items()
+        },
+        workers=WorkersView(alive=len(workers), desired=state.desired_workers, details=details),
+    )
+
+
+@router.put(
+    "/v1/mode",
+    response_model=ModeView,
+    responses=error_responses({400: UNREADABLE, 401: UNAUTHORIZED, 403: "not an operator key"}),
+    tags=["operator"],
+)
+def put_mode(body: ModeBody, context: Context, principal: Caller) -> ModeView:
+    """Operator override: `critical-only` admits only critical types (loan approvals) until `normal`."""
+    require_operator(principal)
+    previous = set_mode(
+        context.redis, context.producer.queue.keys, body.mode, actor=f"api:{principal.key_id}"
+    )
+    context.producer.admission.invalidate()
+    return ModeView(mode=body.mode, previous=previous)
+
+
+@router.get(
+    "/healthz",
+    response_model=HealthView,
+    responses=error_responses({503: "Redis is unreachable"}),
+    tags=["health"],
+)
+def healthz(context: Context) -> HealthView:
+    """200 while Redis answers; 503 otherwise (so a load balancer stops sending tickets here)."""
+    context.redis.ping()
+    return HealthView(status="ok", redis="ok")
+
+
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
+    tags=["health"],
+)
+def metrics(context: Context) -> Response:
+    """Prometheus exposition: queue state read from Redis, plus this process's own metrics."""
+    body, content_type = render(context.registry)
+    return Response(content=body, media_type=content_type)

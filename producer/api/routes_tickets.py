@@ -1,0 +1,285 @@
+"""/v1/tickets: submit (one or a batch), read and cancel, each scoped to the caller's branch.
+
+Submission goes through `Producer`, so the API admits exactly as the Python producer and the CLI do.
+A ticket of another branch answers 404 like an unknown one, so ids leak nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Path
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+
+from producer.api.auth import Principal
+from producer.api.context import ApiContext, Caller, Context
+from producer.api.errors import (
+    TOO_LARGE,
+    UNAUTHORIZED,
+    UNREADABLE,
+    ApiError,
+    api_error,
+    error_responses,
+    issues_from_fields,
+    issues_from_pydantic,
+)
+from producer.api.schemas import (
+    TICKET_ID_PATTERN,
+    BatchBody,
+    BatchItemResult,
+    BatchResult,
+    CancelResult,
+    TicketAccepted,
+    TicketBody,
+    TicketView,
+    ValidationIssue,
+)
+from producer.api.shed import Shed, shed_answer
+from producer.producer import SubmitResult
+from shared.errors import TicketValidationError
+from shared.models import Ticket, TicketRequest, TicketStatus
+
+router = APIRouter(prefix="/v1", tags=["tickets"])
+
+_NOT_FOUND = "no such ticket for this key"
+REPLAYED_HEADER = "Idempotent-Replayed"
+
+TicketId = Annotated[str, Path(pattern=TICKET_ID_PATTERN, description="id returned at submission")]
+
+
+class _Invalid(Exception):
+    """Bad fields found after FastAPI's own checks (the operator's branch, the policy's rules)."""
+
+    def __init__(self, issues: list[ValidationIssue]) -> None:
+        self.issues = issues
+
+
+def _branch_for(principal: Principal, given: str | None, loc: list[str | int]) -> str:
+    """The branch a ticket is submitted for: the key's own; an operator must name one."""
+    if principal.branch_id is not None:
+        if given is not None and given != principal.branch_id:
+            raise api_error(
+                403,
+                f"branch_id {given!r} is not this key's branch {principal.branch_id!r}; "
+                "omit branch_id or send your own",
+                code="branch_mismatch",
+                param="branch_id",
+            )
+        return principal.branch_id
+    if given is None:
+        raise _Invalid(
+            [
+                ValidationIssue(
+                    loc=[*loc, "branch_id"],
+                    msg="required with an operator key: the branch the ticket is for",
+                    type="missing",
+                )
+            ]
+        )
+    return given
+
+
+def _request_data(body: TicketBody, branch: str) -> dict[str, Any]:
+    data = body.model_dump(mode="json", exclude_unset=True)
+    data["branch_id"] = branch
+    return data
+
+
+def _validated(context: ApiContext, data: dict[str, Any], loc: list[str | int]) -> TicketRequest:
+    try:
+        return context.producer.validate(data)
+    except TicketValidationError as exc:
+        raise _Invalid(issues_from_fields(exc.errors, loc)) from None
+
+
+def _shed(context: ApiContext, result: SubmitResult, ticket_type: str) -> Shed:
+    return shed_answer(result, ticket_type, context.policy, context.producer.admission.state())
+
+
+def _accepted(result: SubmitResult, ticket: Ticket | None) -> TicketAccepted:
+    if ticket is None:  # an idempotency key outliving its ticket: the key's TTL is the ticket's retention
+        raise api_error(
+            409,
+            f"idempotency key names ticket {result.ticket_id}, which is past its retention; use a new key",
+            code="idempotency_key_stale",
+            param="Idempotency-Key",
+        )
+    return TicketAccepted.from_ticket(ticket)
+
+
+@router.post(
+    "/tickets",
+    status_code=202,
+    response_model=TicketAccepted,
+    responses=error_responses(
+        {
+            400: UNREADABLE,
+            401: UNAUTHORIZED,
+            403: "branch_id is not the key's branch",
+            409: "Idempotency-Key header and body disagree, or the key names a ticket past its retention",
+            413: TOO_LARGE,
+            429: "shed by admission control (overload); retry after the given seconds",
+        }
+    ),
+    summary="Submit one ticket",
+)
+def submit_ticket(
+    body: TicketBody,
+    context: Context,
+    principal: Caller,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            alias="Idempotency-Key",
+            min_length=1,
+            max_length=128,
+            description="a retry with the same key returns the same ticket",
+        ),
+    ] = None,
+) -> JSONResponse:
+    """202 with the ticket's id, status, priority and expiry; 429 with Retry-After when shed.
+
+    Answers a ready JSONResponse (the model is documented via response_model) because FastAPI would
+    otherwise validate the returned model again in a second threadpool hop, on the hottest route.
+    """
+    try:
+        branch = _branch_for(principal, body.branch_id, ["body"])
+        data = _request_data(body, branch)
+        if idempotency_key is not None:
+            if body.idempotency_key is not None and body.idempotency_key != idempotency_key:
+                raise api_error(
+                    409,
+                    f"Idempotency-Key header {idempotency_key!r} differs from the body's idempotency_key "
+                    f"{body.idempotency_key!r}; send one of them, or the same value in both",
+                    code="idempotency_key_conflict",
+                    param="Idempotency-Key",
+                )
+            data["idempotency_key"] = idempotency_key
+        request = _validated(context, data, ["body"])
+    except _Invalid as exc:
+        raise RequestValidationError([issue.model_dump() for issue in exc.issues]) from None
+    result = context.producer.submit(request)
+    if result.outcome == "rejected":
+        shed = _shed(context, result, request.type)
+        raise ApiError(429, shed.error, shed.headers)
+    headers = {}
+    ticket = result.ticket
+    if result.outcome == "existing":
+        headers[REPLAYED_HEADER] = "true"
+        ticket = context.producer.get(result.ticket_id)
+    accepted = _accepted(result, ticket)
+    return JSONResponse(accepted.model_dump(mode="json"), status_code=202, headers=headers)
+
+
+def _batch_item(
+    index: int, result: SubmitResult, ticket: Ticket | None, shed: Shed | None
+) -> BatchItemResult:
+    if shed is not None:
+        return BatchItemResult(
+            index=index,
+            status_code=429,
+            outcome="rejected",
+            id=result.ticket_id,
+            status=TicketStatus.REJECTED,
+            retry_after=shed.retry_after,
+            error=shed.error,
+        )
+    return BatchItemResult(
+        index=index,
+        status_code=202,
+        outcome=result.outcome,
+        id=result.ticket_id,
+        status=ticket.status if ticket else None,
+        priority=ticket.priority if ticket else None,
+        expires_at=ticket.expires_at if ticket else None,
+    )
+
+
+@router.post(
+    "/tickets/batch",
+    response_model=BatchResult,
+    responses=error_responses({400: UNREADABLE, 401: UNAUTHORIZED, 413: TOO_LARGE}),
+    summary="Submit up to 500 tickets; each item succeeds or fails on its own",
+)
+def submit_batch(body: BatchBody, context: Context, principal: Caller) -> BatchResult:
+    """Per-item results in request order; admitted items are enqueued in one round trip."""
+    items: dict[int, BatchItemResult] = {}
+    valid: list[tuple[int, TicketRequest]] = []
+    for index, raw in enumerate(body.tickets):
+        loc: list[str | int] = ["body", "tickets", index]
+        try:
+            try:
+                parsed = TicketBody.model_validate(raw)
+            except ValidationError as exc:
+                raise _Invalid(issues_from_pydantic(exc.errors(include_url=False), loc)) from None
+            branch = _branch_for(principal, parsed.branch_id, loc)
+            valid.append((index, _validated(context, _request_data(parsed, branch), loc)))
+        except _Invalid as exc:
+            items[index] = BatchItemResult(index=index, status_code=422, outcome="invalid", detail=exc.issues)
+        except ApiError as exc:
+            items[index] = BatchItemResult(index=index, status_code=403, outcome="forbidden", error=exc.error)
+    results = context.producer.submit_many([request for _, request in valid]) if valid else []
+    replayed = [r.ticket_id for r in results if r.outcome == "existing"]
+    stored = dict(zip(replayed, context.producer.queue.get_many(replayed), strict=True)) if replayed else {}
+    for (index, request), result in zip(valid, results, strict=True):
+        ticket = stored.get(result.ticket_id) if result.outcome == "existing" else result.ticket
+        shed = _shed(context, result, request.type) if result.outcome == "rejected" else None
+        items[index] = _batch_item(index, result, ticket, shed)
+    ordered = [items[i] for i in sorted(items)]
+    return BatchResult(
+        queued=sum(r.outcome == "queued" for r in results),
+        existing=len(replayed),
+        rejected=sum(r.outcome == "rejected" for r in results),
+        invalid=sum(item.status_code in (403, 422) for item in ordered),
+        results=ordered,
+    )
+
+
+def _not_found(ticket_id: str) -> ApiError:
+    return api_error(
+        404,
+        f"no ticket {ticket_id!r} for this key (unknown, another branch's, or past its retention)",
+        code="ticket_not_found",
+        param="ticket_id",
+    )
+
+
+def _own_ticket(context: ApiContext, principal: Principal, ticket_id: str) -> Ticket:
+    ticket = context.producer.get(ticket_id)
+    if ticket is None or not principal.may_see(ticket.branch_id):
+        raise _not_found(ticket_id)
+    return ticket
+
+
+@router.get(
+    "/tickets/{ticket_id}",
+    response_model=TicketView,
+    responses=error_responses({401: UNAUTHORIZED, 404: _NOT_FOUND}),
+    summary="Read a ticket: status, result, error, timings",
+)
+def read_ticket(ticket_id: TicketId, context: Context, principal: Caller) -> TicketView:
+    return TicketView.from_ticket(_own_ticket(context, principal, ticket_id))
+
+
+@router.delete(
+    "/tickets/{ticket_id}",
+    response_model=CancelResult,
+    responses=error_responses({401: UNAUTHORIZED, 404: _NOT_FOUND}),
+    summary="Cancel a ticket; a running one has its inference aborted",
+)
+def cancel_ticket(ticket_id: TicketId, context: Context, principal: Caller) -> CancelResult:
+    """Cancelling an ended ticket changes nothing and says so (`cancelled: false`), so retries are safe."""
+    ticket = _own_ticket(context, principal, ticket_id)
+    previous = context.producer.cancel(ticket.id)
+    if previous == "missing":  # its retention ran out between the read and the cancel
+        raise _not_found(ticket_id)
+    before = TicketStatus(previous)
+    cancelled = not before.terminal
+    return CancelResult(
+        id=ticket.id,
+        status=TicketStatus.CANCELLED if cancelled else before,
+        previous_status=before,
+        cancelled=cancelled,
+    )

@@ -1,0 +1,59 @@
+"""Process settings from flags, `TIDEGATE_*` environment variables and `.env`.
+
+Precedence: command-line flags (applied by each command with `model_copy(update=...)`) override the
+environment, which overrides the policy file. The policy holds what a bank tunes per deployment
+(types, thresholds); settings hold what an operator sets per process (URLs, margins).
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from shared.policy import Policy, load_policy
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TIDEGATE_", env_file=".env", extra="ignore")
+
+    redis_url: str | None = Field(
+        default=None, description="unset: a Redis on 127.0.0.1:6379 if one answers (demo: else embedded)"
+    )
+    queue_name: str = Field(default="default", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    vllm_url: str = "http://127.0.0.1:8000"
+    fallback_vllm_url: str | None = None
+    policy_file: str | None = None
+    gpu_backend: Literal["nvml", "sim", "auto"] = "auto"
+    max_batch: int = Field(default=32, ge=1, le=1024)
+    safety_margin: float = Field(default=0.15, ge=0, lt=1)
+    kv_high_watermark: float = Field(default=0.85, gt=0, le=1)
+    critical_headroom: float = Field(
+        default=0.2,
+        ge=0,
+        lt=1,
+        description="share of each worker's batch and KV budget kept for critical types",
+    )
+    slo_guard: bool = Field(
+        default=False,
+        description="while service is degraded, workers cap other work so critical answers fit their SLO",
+    )
+    lease_seconds: float | None = Field(default=None, gt=0)
+    max_attempts: int | None = Field(default=None, ge=1)
+    api_max_body_bytes: int = Field(default=1_048_576, ge=1024)
+    operator_key: str | None = Field(default=None, description="bootstrap operator API key")
+
+    @cached_property
+    def policy(self) -> Policy:
+        """The policy file with this process's overrides applied."""
+        policy = load_policy(self.policy_file)
+        overrides: dict[str, object] = {}
+        if self.lease_seconds is not None:
+            overrides["lease_seconds"] = self.lease_seconds
+        if self.max_attempts is not None:
+            overrides["max_attempts"] = self.max_attempts
+        if overrides:
+            policy = policy.model_copy(update={"queue": policy.queue.model_copy(update=overrides)})
+        return policy

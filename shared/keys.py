@@ -1,0 +1,128 @@
+"""Every Redis key of a queue, from one hash-tagged prefix.
+
+All keys of queue `q` share the hash tag `{tidegate:q}`, so a queue lives on one Redis Cluster slot
+and multi-key Lua scripts stay legal there. Nothing else in the code base spells a key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class QueueKeys:
+    queue: str = "default"
+
+    @property
+    def prefix(self) -> str:
+        return "{tidegate:" + self.queue + "}"
+
+    def _key(self, name: str) -> str:
+        return f"{self.prefix}:{name}"
+
+    # Queue state
+    @property
+    def pending(self) -> str:
+        """ZSET id → priority score (shared/scoring.py): tickets ready to run."""
+        return self._key("pending")
+
+    @property
+    def delayed(self) -> str:
+        """ZSET id → ready time: tickets waiting out a retry backoff."""
+        return self._key("delayed")
+
+    @property
+    def deadlines(self) -> str:
+        """ZSET id → expires_at for every queued ticket (pending or delayed): the TTL index."""
+        return self._key("deadlines")
+
+    @property
+    def inflight(self) -> str:
+        """ZSET id → lease deadline of every running ticket."""
+        return self._key("inflight")
+
+    def waiting(self, ticket_type: str) -> str:
+        """ZSET id → created_at of queued tickets of one type: depth and oldest age in O(log n)."""
+        return self._key(f"waiting:{ticket_type}")
+
+    @property
+    def ticket_prefix(self) -> str:
+        """Prefix of ticket hashes; claim and reap scripts append ids they pop (same hash tag)."""
+        return self._key("t:")
+
+    def ticket(self, ticket_id: str) -> str:
+        return self.ticket_prefix + ticket_id
+
+    def idempotency(self, branch_id: str, key: str) -> str:
+        return self._key(f"idem:{branch_id}:{key}")
+
+    @property
+    def counts(self) -> str:
+        """HASH "<type>:<outcome>" → count of tickets that reached that outcome (and ":submitted")."""
+        return self._key("counts")
+
+    @property
+    def token_seq(self) -> str:
+        """Counter issuing fencing tokens, one per claim."""
+        return self._key("token-seq")
+
+    @property
+    def wake(self) -> str:
+        """LIST of wake-up markers that idle workers block on instead of polling."""
+        return self._key("wake")
+
+    @property
+    def reaper_lock(self) -> str:
+        return self._key("reaper-lock")
+
+    @property
+    def outbox(self) -> str:
+        """LIST of ids of finished tickets whose callback still has to be handed to rq."""
+        return self._key("outbox")
+
+    @property
+    def outbox_processing(self) -> str:
+        """LIST of outbox ids being handed to rq; ids left here by a crash are handed over again."""
+        return self._key("outbox-processing")
+
+    # Monitor and admission
+    @property
+    def alarm(self) -> str:
+        """HASH: level, since, depth — the current alarm as the acting monitor published it."""
+        return self._key("alarm")
+
+    @property
+    def events(self) -> str:
+        """STREAM of alarm transitions, mode changes and actions (capped)."""
+        return self._key("events")
+
+    @property
+    def mode(self) -> str:
+        """STRING: operator override (normal | critical-only)."""
+        return self._key("mode")
+
+    @property
+    def monitor_lock(self) -> str:
+        """STRING (with expiry): id of the monitor that acts; the others stand by."""
+        return self._key("monitor-lock")
+
+    @property
+    def monitor_state(self) -> str:
+        """HASH: drain rate, desired workers, degrade flags and other figures the monitor derives."""
+        return self._key("monitor")
+
+    # Workers
+    @property
+    def workers(self) -> str:
+        """ZSET worker id → heartbeat deadline."""
+        return self._key("workers")
+
+    def worker(self, worker_id: str) -> str:
+        """HASH with the worker's host, GPU, model, in-flight count, batch limit, KV usage (TTL'd)."""
+        return self._key(f"worker:{worker_id}")
+
+    # API keys
+    @property
+    def api_keys(self) -> str:
+        """HASH sha256(key) → JSON {branch_id, role, created_at, revoked}."""
+        return self._key("api-keys")

@@ -1,0 +1,103 @@
+--[[
+Claim a batch by priority: pop the lowest scores, lease each ticket to this worker with a fresh
+fencing token, and end (as `expired`) any whose TTL passed while queued. Due retries are promoted
+from the delayed set first. A token budget stops the batch before a ticket whose prompt plus
+answer would overflow what the worker's KV cache can hold (priority order is never skipped).
+Headroom for critical types: tickets of other types stop at a smaller count and budget (the normal
+share), and once that share is full the claim goes on only while the head of the queue is critical,
+so a loan arriving at a busy worker still finds a slot without any ticket overtaking another.
+
+KEYS[1] pending zset            {q}:pending
+KEYS[2] delayed zset            {q}:delayed
+KEYS[3] deadlines zset          {q}:deadlines
+KEYS[4] inflight zset           {q}:inflight
+KEYS[5] counts hash             {q}:counts
+KEYS[6] token counter           {q}:token-seq
+KEYS[7] outbox list             {q}:outbox
+KEYS[8] ticket hash prefix      {q}:t:   (ids are unknown until popped; the prefix carries the
+                                          queue's hash tag, so every key stays on one slot)
+KEYS[9..8+n] waiting zset of each type, in the order of ARGV[9..]
+
+ARGV[1] now (Unix seconds)
+ARGV[2] most tickets to claim
+ARGV[3] lease seconds
+ARGV[4] worker id
+ARGV[5] token budget: most prompt+max_tokens to claim; 0 = no budget
+ARGV[6] "1" = take the first ticket even when it alone exceeds the budget (the worker is idle)
+ARGV[7] retention seconds for tickets ended here
+ARGV[8] n, the number of types
+ARGV[9..8+n] type names
+ARGV[9+n] most tickets of non-critical types in this claim (≤ ARGV[2])
+ARGV[10+n] token budget of non-critical types (≤ ARGV[5]; ignored when ARGV[5] is 0)
+ARGV[11+n..] names of the critical types, which may use the whole count and budget
+
+Returns {claimed, expired}: claimed is a list of flat HGETALL arrays of the leased tickets (each
+carrying its new `token`); expired counts tickets ended because their TTL passed.
+]]
+-- @include tickets
+
+local now = tonumber(ARGV[1])
+local limit = tonumber(ARGV[2])
+local lease = tonumber(ARGV[3])
+local budget = tonumber(ARGV[5])
+local retention = tonumber(ARGV[7])
+local prefix = KEYS[8]
+local ntypes = tonumber(ARGV[8])
+local waiting = waiting_keys(9, 9, ntypes)
+local normal_limit = tonumber(ARGV[9 + ntypes])
+local normal_budget = tonumber(ARGV[10 + ntypes])
+local critical = {}
+for i = 11 + ntypes, #ARGV do
+  critical[ARGV[i]] = true
+end
+
+local due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, 1000)
+for _, id in ipairs(due) do
+  redis.call('ZREM', KEYS[2], id)
+  local score = redis.call('HGET', prefix .. id, 'score')
+  if score then
+    redis.call('ZADD', KEYS[1], score, id)
+  end
+end
+
+local claimed = {}
+local expired = 0
+local used = 0
+local scanned = 0
+while #claimed < limit and scanned < limit + 1000 do
+  local head = redis.call('ZRANGE', KEYS[1], 0, 0)
+  if #head == 0 then break end
+  local id = head[1]
+  local key = prefix .. id
+  local t = redis.call('HMGET', key, 'status', 'type', 'expires_at', 'cost')
+  local ticket_type = t[2]
+  if t[1] ~= 'queued' or not ticket_type then
+    -- Not a queued ticket any more (its hash is gone or it ended elsewhere): drop the stale entry.
+    redis.call('ZREM', KEYS[1], id)
+    scanned = scanned + 1
+  elseif tonumber(t[3]) <= now then
+    unqueue(id, KEYS[1], KEYS[2], KEYS[3], waiting[ticket_type] or KEYS[1])
+    finish_ticket(key, id, ticket_type, 'expired', ARGV[1], retention,
+      'TTL passed while queued', KEYS[5], KEYS[7])
+    expired = expired + 1
+    scanned = scanned + 1
+  else
+    local cost = tonumber(t[4]) or 0
+    local count_cap, token_cap = limit, budget
+    if not critical[ticket_type] then
+      count_cap, token_cap = normal_limit, normal_budget
+    end
+    if #claimed >= count_cap then break end
+    local over = budget > 0 and used + cost > token_cap
+    if over and not (#claimed == 0 and ARGV[6] == '1') then break end
+    used = used + cost
+    local token = redis.call('INCR', KEYS[6])
+    unqueue(id, KEYS[1], KEYS[2], KEYS[3], waiting[ticket_type] or KEYS[1])
+    redis.call('HINCRBY', key, 'attempts', 1)
+    redis.call('HSET', key, 'status', 'running', 'token', token, 'worker', ARGV[4],
+      'started_at', ARGV[1], 'lease_until', now + lease)
+    redis.call('ZADD', KEYS[4], now + lease, id)
+    claimed[#claimed + 1] = redis.call('HGETALL', key)
+  end
+end
+return {claimed, expired}

@@ -1,0 +1,217 @@
+"""Every tidegate metric, defined once; processes import what they observe and serve a registry.
+
+Two kinds of figures, two sources:
+- State whose truth lives in Redis (depth, in-flight, alarm level, mode, tickets by outcome, worker
+  registry) is read at scrape time by `RedisStateCollector`, so the monitor, every API process and
+  any replica report the same numbers and nothing has to be kept in sync.
+- Observations only one process sees (queue wait, time to first token, latency, vLLM errors) are
+  ordinary prometheus-client objects in that process. With several uvicorn workers set
+  PROMETHEUS_MULTIPROC_DIR and `build_registry` aggregates them with the multiprocess collector.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Iterable, Iterator
+from wsgiref.simple_server import WSGIServer
+
+import redis
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+    multiprocess,
+    start_http_server,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from shared import clock
+from shared.control import Mode, read_control_state
+from shared.keys import QueueKeys
+from shared.live_workers import WorkerView, read_live_workers
+from shared.policy import Policy
+from shared.queue import TicketQueue
+
+log = logging.getLogger(__name__)
+
+OUTCOMES = ("submitted", "done", "failed", "expired", "cancelled", "rejected")
+"""Outcomes always exported (zero until seen) so dashboards and rate() see every series from the start."""
+
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+
+# ---- observed in the process that sees them (workers) --------------------------------------------
+QUEUE_WAIT_SECONDS = Histogram(
+    "tidegate_queue_wait_seconds",
+    "Seconds a ticket waited in the queue before a worker claimed it.",
+    ["type"],
+    buckets=LATENCY_BUCKETS,
+)
+TIME_TO_FIRST_TOKEN_SECONDS = Histogram(
+    "tidegate_time_to_first_token_seconds",
+    "Seconds from submission to the first generated token.",
+    ["type"],
+    buckets=LATENCY_BUCKETS,
+)
+LATENCY_SECONDS = Histogram(
+    "tidegate_latency_seconds",
+    "Seconds from submission to the final answer.",
+    ["type"],
+    buckets=LATENCY_BUCKETS,
+)
+VLLM_ERRORS = Counter(
+    "tidegate_vllm_errors",
+    "Failed calls to vLLM by kind (timeout, connection, http_5xx, http_4xx, oom, ...).",
+    ["worker", "kind"],
+)
+
+
+# ---- read from Redis at scrape time ----------------------------------------------------------------
+class RedisStateCollector(Collector):
+    """Queue, alarm, mode, outcome and worker-registry figures of one queue, read when scraped."""
+
+    def __init__(self, client: redis.Redis, policy: Policy, queue_name: str) -> None:
+        self.redis = client
+        self.policy = policy
+        self.queue = TicketQueue(client, policy, queue_name)
+        self.keys = QueueKeys(queue_name)
+
+    def describe(self) -> Iterable[Metric]:
+        # Nothing to describe up front: registering must not touch Redis.
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily("tidegate_redis_up", "1 when the last scrape could read Redis.")
+        try:
+            families = self._families()
+        except redis.RedisError as exc:
+            log.warning("metrics scrape could not read Redis: %s", exc)
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
+        yield from families
+
+    def _families(self) -> list[Metric]:
+        stats = self.queue.stats()
+        state, _ = read_control_state(self.redis, self.keys, self.policy.alarms)
+        workers = read_live_workers(self.redis, self.keys, clock.now())
+        out: list[Metric] = []
+
+        depth = GaugeMetricFamily("tidegate_queue_depth", "Queued tickets by type.", labels=["type"])
+        oldest = GaugeMetricFamily(
+            "tidegate_oldest_wait_seconds", "Age of the oldest queued ticket by type.", labels=["type"]
+        )
+        for ticket_type in self.policy.type_names:
+            depth.add_metric([ticket_type], stats.depth_by_type.get(ticket_type, 0))
+            oldest.add_metric([ticket_type], stats.oldest_age_by_type.get(ticket_type, 0.0))
+        out += [depth, oldest]
+        out.append(_gauge("tidegate_queue_depth_total", "Queued tickets, all types.", stats.depth))
+        out.append(_gauge("tidegate_inflight", "Tickets leased by workers right now.", stats.inflight))
+        out.append(
+            _gauge(
+                "tidegate_alarm_level", "Depth alarm: 0 green, 1 yellow, 2 orange, 3 red.", int(state.level)
+            )
+        )
+        mode = GaugeMetricFamily("tidegate_mode", "Operator mode (1 = the current one).", labels=["mode"])
+        for candidate in Mode:
+            mode.add_metric([candidate.value], 1 if candidate is state.mode else 0)
+        out.append(mode)
+        out.append(
+            _gauge(
+                "tidegate_desired_workers",
+                "Workers the monitor asks for (scale-out signal).",
+                state.desired_workers or 0,
+            )
+        )
+        out.append(
+            _gauge("tidegate_drain_rate", "Tickets leaving the queue per second.", state.drain_rate or 0.0)
+        )
+        out.append(self._tickets(stats.counts))
+        out.append(_gauge("tidegate_workers_alive", "Workers with a live heartbeat.", len(workers)))
+        out += _worker_families(workers)
+        return out
+
+    def _tickets(self, counts: dict[str, int]) -> CounterMetricFamily:
+        family = CounterMetricFamily(
+            "tidegate_tickets", "Tickets by type and outcome (from Redis).", labels=["type", "outcome"]
+        )
+        seen = {(t, o): 0 for t in self.policy.type_names for o in OUTCOMES}
+        for field, value in counts.items():
+            ticket_type, _, outcome = field.rpartition(":")
+            if ticket_type:
+                seen[(ticket_type, outcome)] = value
+        for (ticket_type, outcome), value in sorted(seen.items()):
+            family.add_metric([ticket_type, outcome], value)
+        return family
+
+
+def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, documentation, value=value)
+
+
+def _worker_families(workers: list[WorkerView]) -> list[Metric]:
+    specs = (
+        ("tidegate_batch_limit", "In-flight batch limit the worker's sizer allows.", "batch_limit"),
+        ("tidegate_gpu_free_bytes", "Free GPU memory the worker reports.", "gpu_free_bytes"),
+        ("tidegate_gpu_total_bytes", "Total GPU memory the worker reports.", "gpu_total_bytes"),
+        ("tidegate_kv_cache_usage", "Fraction of vLLM's KV cache in use (0..1).", "kv_usage"),
+        ("tidegate_worker_inflight", "Tickets the worker is running.", "inflight"),
+    )
+    out: list[Metric] = []
+    for name, documentation, attr in specs:
+        family = GaugeMetricFamily(name, documentation, labels=["worker", "gpu"])
+        for worker in workers:
+            value = getattr(worker, attr)
+            if value is not None:
+                family.add_metric([worker.worker_id, worker.gpu], value)
+        out.append(family)
+    return out
+
+
+# ---- registries and serving --------------------------------------------------------------------------
+class _ProcessMetrics(Collector):
+    """This process's own observations (the default registry: histograms, counters, process stats)."""
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        return REGISTRY.collect()
+
+
+def build_registry(
+    client: redis.Redis | None = None,
+    policy: Policy | None = None,
+    queue_name: str = "default",
+    *,
+    include_process: bool = True,
+) -> CollectorRegistry:
+    """A registry for one /metrics endpoint: Redis state (when a client is given) and local metrics."""
+    registry = CollectorRegistry(auto_describe=False)
+    if client is not None and policy is not None:
+        registry.register(RedisStateCollector(client, policy, queue_name))
+    if include_process:
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        else:
+            registry.register(_ProcessMetrics())
+    return registry
+
+
+def render(registry: CollectorRegistry) -> tuple[bytes, str]:
+    """The exposition text and its content type, for an HTTP handler (e.g. the API's /metrics)."""
+    return generate_latest(registry), CONTENT_TYPE_LATEST
+
+
+def serve(
+    registry: CollectorRegistry, port: int, addr: str = "0.0.0.0"
+) -> tuple[WSGIServer, threading.Thread]:
+    """Serve /metrics on a daemon thread; port 0 picks a free port (read it from server.server_port)."""
+    return start_http_server(port, addr=addr, registry=registry)

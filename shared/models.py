@@ -1,0 +1,179 @@
+"""Ticket models: what a branch submits (`TicketRequest`) and what tidegate stores (`Ticket`)."""
+
+from __future__ import annotations
+
+import json
+from enum import StrEnum
+from typing import Any, ClassVar, Literal
+
+from pydantic import (
+    AnyHttpUrl,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from shared.policy import Policy, UnknownTicketType
+from shared.tokens import estimate_tokens
+
+
+class TicketStatus(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    EXPIRED = "expired"
+    CANCELLED = "cancelled"
+    REJECTED = "rejected"
+
+    @property
+    def terminal(self) -> bool:
+        return self not in (TicketStatus.QUEUED, TicketStatus.RUNNING)
+
+
+TERMINAL_STATUSES = tuple(s for s in TicketStatus if s.terminal)
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    role: Literal["system", "user", "assistant"]
+    content: str = Field(min_length=1, max_length=200_000)
+
+
+class TicketRequest(BaseModel):
+    """A submission. Validate with `context={"policy": policy}` to check the type and context limit."""
+
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=False)
+
+    type: str = Field(min_length=1, max_length=64)
+    branch_id: str = Field(pattern=r"^[A-Za-z0-9_-]{1,32}$")
+    prompt: str | None = Field(default=None, max_length=400_000)
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1, max_length=256)
+    max_tokens: int | None = Field(default=None, ge=1, le=32_768)
+    urgent_level: int = Field(default=0, ge=0, le=5)
+    vip_level: int = Field(default=0, ge=0, le=5)
+    is_bulk: bool = False
+    ttl_seconds: float | None = Field(default=None, gt=0, le=7 * 86_400)
+    idempotency_key: str | None = Field(default=None, min_length=1, max_length=128)
+    callback_url: AnyHttpUrl | None = None
+
+    @field_validator("type")
+    @classmethod
+    def _known_type(cls, value: str, info: ValidationInfo) -> str:
+        policy = _policy_from(info)
+        if policy is not None and value not in policy.types:
+            raise ValueError(str(UnknownTicketType(value, policy.type_names)))
+        return value
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt_not_blank(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError("prompt must not be empty")
+        return value
+
+    @model_validator(mode="after")
+    def _prompt_or_messages(self, info: ValidationInfo) -> TicketRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of 'prompt' (text completion) or 'messages' (chat)")
+        policy = _policy_from(info)
+        if policy is not None:
+            limit = policy.queue.context_limit_tokens
+            max_tokens = self.max_tokens or policy.queue.default_max_tokens
+            needed = self.prompt_tokens_estimate + max_tokens
+            if needed > limit:
+                raise ValueError(
+                    f"prompt of about {self.prompt_tokens_estimate} tokens plus max_tokens {max_tokens} "
+                    f"exceeds the context limit of {limit} tokens"
+                )
+        return self
+
+    @property
+    def prompt_tokens_estimate(self) -> int:
+        if self.prompt is not None:
+            return estimate_tokens(self.prompt)
+        return sum(estimate_tokens(m.content) + 4 for m in self.messages or [])
+
+
+def _policy_from(info: ValidationInfo) -> Policy | None:
+    context = info.context
+    if isinstance(context, dict):
+        policy = context.get("policy")
+        if isinstance(policy, Policy):
+            return policy
+    return None
+
+
+class Ticket(BaseModel):
+    """A ticket as stored: the request, its priority and its lifecycle."""
+
+    id: str
+    type: str
+    branch_id: str
+    status: TicketStatus
+    priority: float
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    max_tokens: int
+    urgent_level: int = 0
+    vip_level: int = 0
+    is_bulk: bool = False
+    ttl_seconds: float
+    idempotency_key: str | None = None
+    callback_url: str | None = None
+    prompt_tokens_estimate: int = 0
+    created_at: float
+    expires_at: float
+    started_at: float | None = None
+    finished_at: float | None = None
+    first_token_at: float | None = None
+    attempts: int = 0
+    max_attempts: int = 1
+    worker: str | None = None
+    route: str | None = None
+    result: str | None = None
+    error: str | None = None
+    usage: dict[str, Any] | None = None
+
+    @property
+    def cost_tokens(self) -> int:
+        """Tokens this ticket may occupy in the KV cache: prompt plus the answer it may write."""
+        return self.prompt_tokens_estimate + self.max_tokens
+
+    @property
+    def queue_wait_seconds(self) -> float | None:
+        return None if self.started_at is None else self.started_at - self.created_at
+
+    @property
+    def total_seconds(self) -> float | None:
+        return None if self.finished_at is None else self.finished_at - self.created_at
+
+    # Redis hash <-> model. Scalars are stored as strings; structured fields as JSON.
+    _JSON_FIELDS: ClassVar[tuple[str, ...]] = ("messages", "usage")
+
+    def to_redis(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for name, value in self.model_dump(mode="json").items():
+            if value is None:
+                continue
+            if name in self._JSON_FIELDS:
+                out[name] = json.dumps(value, separators=(",", ":"))
+            elif isinstance(value, bool):
+                out[name] = "1" if value else "0"
+            else:
+                out[name] = str(value)
+        return out
+
+    @classmethod
+    def from_redis(cls, raw: dict[str, str]) -> Ticket:
+        data: dict[str, Any] = {k: v for k, v in raw.items() if v != "" and k in cls.model_fields}
+        for name in cls._JSON_FIELDS:
+            if name in data:
+                data[name] = json.loads(data[name])
+        if "is_bulk" in data:
+            data["is_bulk"] = data["is_bulk"] == "1"
+        return cls.model_validate(data)

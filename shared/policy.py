@@ -1,0 +1,197 @@
+"""The policy: ticket types, priorities, TTLs, caps, aging and alarm thresholds, loaded from TOML.
+
+Types live here rather than in code so a bank can add one with a file change. A bad file fails at
+start with the file and the field named, never later while tickets are flowing.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from enum import IntEnum
+from importlib import resources
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+FACTOR_FIELDS = ("urgent_level", "vip_level", "is_bulk")
+"""Ticket attributes a type's dynamic factors may weigh."""
+
+
+class AlarmLevel(IntEnum):
+    """Depth alarm levels, ordered so comparisons read naturally (`level >= AlarmLevel.ORANGE`)."""
+
+    GREEN = 0
+    YELLOW = 1
+    ORANGE = 2
+    RED = 3
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+    @classmethod
+    def parse(cls, value: str | int) -> AlarmLevel:
+        if isinstance(value, int) or str(value).isdigit():
+            return cls(int(value))
+        return cls[str(value).upper()]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TypePolicy(_Strict):
+    """How one ticket type is prioritised, kept and degraded."""
+
+    base: float
+    factors: dict[str, float] = Field(default_factory=dict)
+    ttl_seconds: float = Field(gt=0, le=7 * 86400)
+    cap: int = Field(default=10_000, ge=1, description="most tickets of this type queued at once")
+    slo_seconds: float = Field(default=60, gt=0)
+    critical: bool = False
+    orange_action: Literal["admit", "shed", "defer"] = "admit"
+    degraded_max_tokens: int | None = Field(default=None, ge=1)
+    kv_shed_free_below: float | None = Field(default=None, ge=0, le=1)
+    route_to_fallback: bool = False
+
+    @model_validator(mode="after")
+    def _known_factors(self) -> TypePolicy:
+        unknown = sorted(set(self.factors) - set(FACTOR_FIELDS))
+        if unknown:
+            raise ValueError(f"unknown factor {unknown[0]!r}; known factors: {', '.join(FACTOR_FIELDS)}")
+        return self
+
+
+class QueuePolicy(_Strict):
+    aging_seconds: float = Field(default=60, ge=0)
+    lease_seconds: float = Field(default=30, gt=0)
+    max_attempts: int = Field(default=3, ge=1)
+    retention_seconds: int = Field(default=86_400, ge=1)
+    context_limit_tokens: int = Field(default=32_768, ge=16)
+    retry_backoff_seconds: float = Field(default=1.0, ge=0)
+    retry_backoff_max_seconds: float = Field(default=30.0, ge=0)
+    default_max_tokens: int = Field(default=256, ge=1)
+
+
+class AlarmPolicy(_Strict):
+    yellow: int = Field(default=30, ge=0)
+    orange: int = Field(default=50, ge=0)
+    red: int = Field(default=80, ge=0)
+    clear_margin: int = Field(default=5, ge=0)
+    clear_hold_seconds: float = Field(default=5, ge=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> AlarmPolicy:
+        if not self.yellow < self.orange < self.red:
+            raise ValueError(
+                f"thresholds must rise: yellow {self.yellow} < orange {self.orange} < red {self.red}"
+            )
+        return self
+
+    def threshold(self, level: AlarmLevel) -> int:
+        """Depth above which `level` is raised (green has none)."""
+        return {AlarmLevel.YELLOW: self.yellow, AlarmLevel.ORANGE: self.orange, AlarmLevel.RED: self.red}[
+            level
+        ]
+
+
+class HooksPolicy(_Strict):
+    """Optional calls the monitor's actions make: a shell command or an http(s) URL (POSTed JSON)."""
+
+    scale_hook: str | None = None
+    notify_hook: str | None = None
+    timeout_seconds: float = Field(default=10, gt=0, le=300)
+
+    @field_validator("scale_hook", "notify_hook")
+    @classmethod
+    def _not_blank(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError("must be a shell command or an http(s) URL, or left out; got an empty string")
+        return value
+
+
+class Policy(_Strict):
+    queue: QueuePolicy = Field(default_factory=QueuePolicy)
+    types: dict[str, TypePolicy]
+    alarms: AlarmPolicy = Field(default_factory=AlarmPolicy)
+    hooks: HooksPolicy = Field(default_factory=HooksPolicy)
+
+    @model_validator(mode="after")
+    def _has_types(self) -> Policy:
+        if not self.types:
+            raise ValueError("at least one ticket type must be defined under [types]")
+        return self
+
+    @property
+    def type_names(self) -> list[str]:
+        return list(self.types)
+
+    @property
+    def critical_types(self) -> list[str]:
+        """Types admitted at red and kept headroom in every worker, in policy order."""
+        return [name for name, tp in self.types.items() if tp.critical]
+
+    def is_critical(self, name: str) -> bool:
+        """Whether `name` is a critical type (an unknown name is not)."""
+        type_policy = self.types.get(name)
+        return type_policy is not None and type_policy.critical
+
+    @property
+    def critical_slo_seconds(self) -> float | None:
+        """The tightest SLO among critical types; None when no type is critical."""
+        slos = [self.types[name].slo_seconds for name in self.critical_types]
+        return min(slos) if slos else None
+
+    def type_policy(self, name: str) -> TypePolicy:
+        """The policy of `name`, or an error listing the known types."""
+        try:
+            return self.types[name]
+        except KeyError:
+            raise UnknownTicketType(name, self.type_names) from None
+
+
+class UnknownTicketType(ValueError):
+    def __init__(self, name: str, known: list[str]) -> None:
+        super().__init__(f"unknown ticket type {name!r}; known types: {', '.join(known)}")
+        self.name = name
+        self.known = known
+
+
+class PolicyError(Exception):
+    """A policy file that cannot be used; the message names the file and the field."""
+
+
+def _format_errors(source: str, error: ValidationError) -> str:
+    lines = [f"invalid policy file {source}:"]
+    for item in error.errors():
+        field = ".".join(str(part) for part in item["loc"]) or "(top level)"
+        lines.append(f"  {field}: {item['msg']}")
+    return "\n".join(lines)
+
+
+def default_policy_text() -> str:
+    return resources.files("shared").joinpath("default_policy.toml").read_text(encoding="utf-8")
+
+
+def parse_policy(text: str, source: str = "<policy>") -> Policy:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise PolicyError(f"invalid policy file {source}: not valid TOML: {exc}") from exc
+    try:
+        return Policy.model_validate(data)
+    except ValidationError as exc:
+        raise PolicyError(_format_errors(source, exc)) from exc
+
+
+def load_policy(path: str | Path | None = None) -> Policy:
+    """Load `path`, or the packaged defaults (CONTRACT.md's table) when no file is given."""
+    if path is None:
+        return parse_policy(default_policy_text(), "default_policy.toml")
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise PolicyError(f"cannot read policy file {file}: {exc.strerror}") from exc
+    return parse_policy(text, str(file))

@@ -1,0 +1,458 @@
+"""TicketQueue: every state change of a ticket, each one atomic in Redis (see shared/lua/).
+
+Producers call `enqueue`/`enqueue_many`/`record_rejected`/`cancel`; workers `claim`, `extend`,
+`finish`, `retry`; any process may `reap` (lock-guarded) and read `get`/`stats`.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, cast
+
+from redis import Redis
+
+from shared import clock
+from shared.ids import new_ticket_id
+from shared.keys import QueueKeys
+from shared.models import Ticket, TicketRequest, TicketStatus
+from shared.policy import Policy
+from shared.scoring import effective_priority, queue_score
+from shared.scripts import Scripts
+
+EnqueueOutcome = Literal["queued", "existing", "rejected"]
+
+
+@dataclass(frozen=True)
+class EnqueueResult:
+    outcome: EnqueueOutcome
+    ticket_id: str
+    ticket: Ticket | None = None
+    """The stored ticket for new and rejected tickets; None for `existing` (read it with `get`)."""
+
+
+@dataclass(frozen=True)
+class EnqueueOptions:
+    """Degrade decisions applied at admission: a max_tokens cap, a model route, a deferral."""
+
+    max_tokens_cap: int | None = None
+    route: str | None = None
+    defer_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class ClaimedTicket:
+    ticket: Ticket
+    token: str
+
+
+@dataclass(frozen=True)
+class ReapResult:
+    swept: bool
+    requeued: int = 0
+    failed: int = 0
+    expired: int = 0
+    promoted: int = 0
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    depth_by_type: dict[str, int]
+    oldest_age_by_type: dict[str, float]
+    pending: int
+    delayed: int
+    inflight: int
+    counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def depth(self) -> int:
+        """Total queued tickets (ready plus waiting out a retry backoff)."""
+        return self.pending + self.delayed
+
+    def outcome_count(self, ticket_type: str, outcome: str) -> int:
+        return self.counts.get(f"{ticket_type}:{outcome}", 0)
+
+
+class TicketQueue:
+    def __init__(self, redis: Redis, policy: Policy, queue_name: str = "default") -> None:
+        self.redis = redis
+        self.policy = policy
+        self.keys = QueueKeys(queue_name)
+        self.scripts = Scripts.register(redis)
+
+    # ---- building -------------------------------------------------------------------------
+    def build_ticket(self, request: TicketRequest, *, now: float | None = None) -> Ticket:
+        """The stored form of a validated request: priority, TTL, limits filled in from policy."""
+        created = clock.now() if now is None else now
+        type_policy = self.policy.type_policy(request.type)
+        ttl = request.ttl_seconds or type_policy.ttl_seconds
+        return Ticket(
+            id=new_ticket_id(),
+            type=request.type,
+            branch_id=request.branch_id,
+            status=TicketStatus.QUEUED,
+            priority=effective_priority(
+                type_policy,
+                urgent_level=request.urgent_level,
+                vip_level=request.vip_level,
+                is_bulk=request.is_bulk,
+            ),
+            prompt=request.prompt,
+            messages=request.messages,
+            max_tokens=request.max_tokens or self.policy.queue.default_max_tokens,
+            urgent_level=request.urgent_level,
+            vip_level=request.vip_level,
+            is_bulk=request.is_bulk,
+            ttl_seconds=ttl,
+            idempotency_key=request.idempotency_key,
+            callback_url=str(request.callback_url) if request.callback_url else None,
+            prompt_tokens_estimate=request.prompt_tokens_estimate,
+            created_at=created,
+            expires_at=created + ttl,
+            max_attempts=self.policy.queue.max_attempts,
+        )
+
+    def _enqueue_call(self, ticket: Ticket, client: Any, defer_seconds: float = 0.0) -> Any:
+        fields = ticket.to_redis()
+        fields["cost"] = str(ticket.cost_tokens)
+        flat = [item for pair in fields.items() for item in pair]
+        idem_key = ticket.idempotency_key or ""
+        return self.scripts.enqueue(
+            keys=[
+                self.keys.ticket(ticket.id),
+                self.keys.pending,
+                self.keys.deadlines,
+                self.keys.waiting(ticket.type),
+                self.keys.idempotency(ticket.branch_id, idem_key or "-"),
+                self.keys.counts,
+                self.keys.wake,
+                self.keys.delayed,
+            ],
+            args=[
+                ticket.id,
+                ticket.type,
+                repr(queue_score(ticket.priority, ticket.created_at, self.policy.queue.aging_seconds)),
+                repr(ticket.created_at),
+                repr(ticket.expires_at),
+                idem_key,
+                self.policy.type_policy(ticket.type).cap,
+                self.policy.queue.retention_seconds,
+                repr(ticket.created_at + max(defer_seconds, 0.0)),
+                *flat,
+            ],
+            client=client,
+        )
+
+    @staticmethod
+    def _result(ticket: Ticket, raw: Sequence[str]) -> EnqueueResult:
+        outcome, ticket_id = raw[0], raw[1]
+        if outcome == "existing":
+            return EnqueueResult("existing", ticket_id)
+        if outcome == "rejected":
+            cap = "queue cap reached for type " + ticket.type
+            rejected = ticket.model_copy(update={"status": TicketStatus.REJECTED, "error": cap})
+            return EnqueueResult("rejected", ticket_id, rejected)
+        return EnqueueResult("queued", ticket_id, ticket)
+
+    def _prepared(self, request: TicketRequest, options: EnqueueOptions) -> Ticket:
+        ticket = self.build_ticket(request)
+        update: dict[str, Any] = {}
+        if options.max_tokens_cap is not None and ticket.max_tokens > options.max_tokens_cap:
+            update["max_tokens"] = options.max_tokens_cap
+        if options.route:
+            update["route"] = options.route
+        return ticket.model_copy(update=update) if update else ticket
+
+    # ---- producer side --------------------------------------------------------------------
+    def enqueue(self, request: TicketRequest, options: EnqueueOptions | None = None) -> EnqueueResult:
+        """Queue one ticket (or return the earlier one with the same idempotency key)."""
+        opts = options or EnqueueOptions()
+        ticket = self._prepared(request, opts)
+        return self._result(ticket, self._enqueue_call(ticket, self.redis, opts.defer_seconds))
+
+    def enqueue_many(
+        self, requests: Sequence[TicketRequest], options: Sequence[EnqueueOptions] | None = None
+    ) -> list[EnqueueResult]:
+        """Queue many tickets in one pipelined round trip; each is still atomic on its own."""
+        opts = list(options) if options is not None else [EnqueueOptions()] * len(requests)
+        tickets = [self._prepared(r, o) for r, o in zip(requests, opts, strict=True)]
+        pipe = self.redis.pipeline(transaction=False)
+        for ticket, o in zip(tickets, opts, strict=True):
+            self._enqueue_call(ticket, pipe, o.defer_seconds)
+        raws = pipe.execute()
+        return [self._result(t, raw) for t, raw in zip(tickets, raws, strict=True)]
+
+    def record_rejected(self, request: TicketRequest, reason: str) -> Ticket:
+        """Keep a readable `rejected` record of a shed ticket (one MULTI/EXEC round trip)."""
+        now = clock.now()
+        ticket = self.build_ticket(request, now=now).model_copy(
+            update={"status": TicketStatus.REJECTED, "finished_at": now, "error": reason}
+        )
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hset(self.keys.ticket(ticket.id), mapping=ticket.to_redis())
+        pipe.expire(self.keys.ticket(ticket.id), self.policy.queue.retention_seconds)
+        pipe.hincrby(self.keys.counts, f"{ticket.type}:submitted", 1)
+        pipe.hincrby(self.keys.counts, f"{ticket.type}:rejected", 1)
+        pipe.execute()
+        return ticket
+
+    def cancel(self, ticket_id: str, reason: str = "cancelled by its branch") -> str:
+        """Cancel; returns the status before ("queued"/"running" → now cancelled) or "missing"."""
+        types = self.policy.type_names
+        return str(
+            self.scripts.cancel(
+                keys=[
+                    self.keys.ticket(ticket_id),
+                    self.keys.pending,
+                    self.keys.delayed,
+                    self.keys.deadlines,
+                    self.keys.inflight,
+                    self.keys.counts,
+                    self.keys.outbox,
+                    *[self.keys.waiting(t) for t in types],
+                ],
+                args=[
+                    ticket_id,
+                    repr(clock.now()),
+                    self.policy.queue.retention_seconds,
+                    reason,
+                    len(types),
+                    *types,
+                ],
+            )
+        )
+
+    # ---- worker side ----------------------------------------------------------------------
+    def claim(
+        self,
+        worker_id: str,
+        max_count: int,
+        *,
+        lease_seconds: float | None = None,
+        token_budget: int = 0,
+        take_first_over_budget: bool = True,
+        normal_count: int | None = None,
+        normal_budget: int | None = None,
+    ) -> list[ClaimedTicket]:
+        """Lease up to `max_count` tickets in priority order, within `token_budget` (0 = none).
+
+        `normal_count` and `normal_budget` (default: the whole count and budget) bound the tickets
+        of types the policy does not mark `critical`; the rest is headroom only critical tickets at
+        the head of the queue may take.
+        """
+        if max_count < 1:
+            return []
+        types = self.policy.type_names
+        critical = self.policy.critical_types
+        claimed, _expired = self.scripts.claim(
+            keys=[
+                self.keys.pending,
+                self.keys.delayed,
+                self.keys.deadlines,
+                self.keys.inflight,
+                self.keys.counts,
+                self.keys.token_seq,
+                self.keys.outbox,
+                self.keys.ticket_prefix,
+                *[self.keys.waiting(t) for t in types],
+            ],
+            args=[
+                repr(clock.now()),
+                max_count,
+                lease_seconds or self.policy.queue.lease_seconds,
+                worker_id,
+                token_budget,
+                "1" if take_first_over_budget else "0",
+                self.policy.queue.retention_seconds,
+                len(types),
+                *types,
+                max_count if normal_count is None else min(normal_count, max_count),
+                token_budget if normal_budget is None else min(normal_budget, token_budget),
+                *critical,
+            ],
+        )
+        out = []
+        for flat in claimed:
+            raw = dict(zip(flat[::2], flat[1::2], strict=True))
+            out.append(ClaimedTicket(Ticket.from_redis(raw), raw["token"]))
+        return out
+
+    def wait_for_work(self, timeout: float) -> bool:
+        """Block (no polling) until a producer signals new work or `timeout` seconds pass."""
+        return self.redis.blpop([self.keys.wake], timeout=max(timeout, 0.01)) is not None
+
+    def extend(self, ticket_id: str, token: str, lease_seconds: float | None = None) -> str:
+        """Renew a lease; "ok", or "stale:<status>" when the caller must stop working on it."""
+        return str(
+            self.scripts.extend(
+                keys=[self.keys.ticket(ticket_id), self.keys.inflight],
+                args=[ticket_id, token, repr(clock.now()), lease_seconds or self.policy.queue.lease_seconds],
+            )
+        )
+
+    def extend_many(
+        self, leases: Sequence[tuple[str, str]], lease_seconds: float | None = None
+    ) -> dict[str, str]:
+        """Renew many leases in one round trip: {ticket id: "ok" | "stale:<status>"}."""
+        if not leases:
+            return {}
+        now = repr(clock.now())
+        seconds = lease_seconds or self.policy.queue.lease_seconds
+        pipe = self.redis.pipeline(transaction=False)
+        for ticket_id, token in leases:
+            self.scripts.extend(
+                keys=[self.keys.ticket(ticket_id), self.keys.inflight],
+                args=[ticket_id, token, now, seconds],
+                client=pipe,
+            )
+        return {tid: str(r) for (tid, _), r in zip(leases, pipe.execute(), strict=True)}
+
+    def finish(
+        self,
+        ticket_id: str,
+        token: str,
+        status: Literal["done", "failed"],
+        *,
+        result: str | None = None,
+        usage: dict[str, Any] | None = None,
+        error: str = "",
+        extra: dict[str, str] | None = None,
+    ) -> bool:
+        """Write the outcome; False when the lease was lost (the answer is then not written)."""
+        fields: dict[str, str] = dict(extra or {})
+        if result is not None:
+            fields["result"] = result
+        if usage is not None:
+            fields["usage"] = json.dumps(usage, separators=(",", ":"))
+        flat = [item for pair in fields.items() for item in pair]
+        reply = self.scripts.finish(
+            keys=[self.keys.ticket(ticket_id), self.keys.inflight, self.keys.counts, self.keys.outbox],
+            args=[
+                ticket_id,
+                token,
+                repr(clock.now()),
+                status,
+                self.policy.queue.retention_seconds,
+                error,
+                *flat,
+            ],
+        )
+        return bool(reply == "ok")
+
+    def backoff_seconds(self, attempts: int) -> float:
+        """Exponential backoff with full jitter, so retries of a failed vLLM spread out."""
+        q = self.policy.queue
+        ceiling = min(q.retry_backoff_max_seconds, q.retry_backoff_seconds * 2 ** max(attempts - 1, 0))
+        return random.uniform(ceiling / 2, ceiling)
+
+    def retry(
+        self,
+        ticket_id: str,
+        token: str,
+        ticket_type: str,
+        error: str,
+        *,
+        backoff: float | None = None,
+        count_attempt: bool = True,
+        attempts: int = 1,
+    ) -> str:
+        """Give a ticket back after a transient failure: "retry" | "failed" | "expired" | "stale:…"."""
+        delay = self.backoff_seconds(attempts) if backoff is None else backoff
+        return str(
+            self.scripts.retry(
+                keys=[
+                    self.keys.ticket(ticket_id),
+                    self.keys.inflight,
+                    self.keys.delayed,
+                    self.keys.deadlines,
+                    self.keys.waiting(ticket_type),
+                    self.keys.counts,
+                    self.keys.outbox,
+                    self.keys.pending,
+                ],
+                args=[
+                    ticket_id,
+                    token,
+                    repr(clock.now()),
+                    repr(delay),
+                    error,
+                    self.policy.queue.retention_seconds,
+                    "0" if count_attempt else "1",
+                ],
+            )
+        )
+
+    # ---- maintenance ------------------------------------------------------------------------
+    def reap(self, owner: str, interval_seconds: float = 1.0, limit: int = 1000) -> ReapResult:
+        """Sweep dead leases, TTLs and due retries, at most once per `interval_seconds` overall."""
+        types = self.policy.type_names
+        swept, requeued, failed, expired, promoted = self.scripts.reap(
+            keys=[
+                self.keys.reaper_lock,
+                self.keys.inflight,
+                self.keys.pending,
+                self.keys.delayed,
+                self.keys.deadlines,
+                self.keys.counts,
+                self.keys.outbox,
+                self.keys.wake,
+                self.keys.ticket_prefix,
+                *[self.keys.waiting(t) for t in types],
+            ],
+            args=[
+                repr(clock.now()),
+                owner,
+                max(int(interval_seconds * 1000), 1),
+                self.policy.queue.retention_seconds,
+                limit,
+                len(types),
+                *types,
+            ],
+        )
+        return ReapResult(bool(swept), requeued, failed, expired, promoted)
+
+    # ---- reading ----------------------------------------------------------------------------
+    def get(self, ticket_id: str) -> Ticket | None:
+        raw = cast("dict[str, str]", self.redis.hgetall(self.keys.ticket(ticket_id)))
+        return Ticket.from_redis(raw) if raw else None
+
+    def get_many(self, ticket_ids: Sequence[str]) -> list[Ticket | None]:
+        pipe = self.redis.pipeline(transaction=False)
+        for ticket_id in ticket_ids:
+            pipe.hgetall(self.keys.ticket(ticket_id))
+        return [Ticket.from_redis(raw) if raw else None for raw in pipe.execute()]
+
+    def stats(self) -> QueueStats:
+        """Depth and oldest age per type, in-flight and outcome counts, in one round trip."""
+        types = self.policy.type_names
+        pipe = self.redis.pipeline(transaction=False)
+        for t in types:
+            pipe.zcard(self.keys.waiting(t))
+            pipe.zrange(self.keys.waiting(t), 0, 0, withscores=True)
+        pipe.zcard(self.keys.pending)
+        pipe.zcard(self.keys.delayed)
+        pipe.zcard(self.keys.inflight)
+        pipe.hgetall(self.keys.counts)
+        replies = pipe.execute()
+        now = clock.now()
+        depth: dict[str, int] = {}
+        oldest: dict[str, float] = {}
+        for i, t in enumerate(types):
+            depth[t] = int(replies[2 * i])
+            head = replies[2 * i + 1]
+            oldest[t] = max(now - float(head[0][1]), 0.0) if head else 0.0
+        pending, delayed, inflight, counts = replies[2 * len(types) :]
+        return QueueStats(
+            depth_by_type=depth,
+            oldest_age_by_type=oldest,
+            pending=int(pending),
+            delayed=int(delayed),
+            inflight=int(inflight),
+            counts={k: int(v) for k, v in counts.items()},
+        )
+
+    def seconds_until_next_retry(self) -> float | None:
+        head = cast("list[tuple[str, float]]", self.redis.zrange(self.keys.delayed, 0, 0, withscores=True))
+        return max(float(head[0][1]) - clock.now(), 0.0) if head else None

@@ -1,0 +1,54 @@
+"""Connecting to Redis: an explicit URL, else a Redis on 127.0.0.1:6379 if one answers."""
+
+from __future__ import annotations
+
+import redis
+from redis import Redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+DEFAULT_LOCAL_URL = "redis://127.0.0.1:6379/0"
+
+
+class RedisUnavailable(RuntimeError):
+    """No Redis answered where one was expected."""
+
+
+def make_client(url: str) -> Redis:
+    """A client that retries a few times on connection errors, so a Redis restart is survived."""
+    return Redis.from_url(
+        url,
+        decode_responses=True,
+        socket_connect_timeout=5,
+        socket_keepalive=True,
+        health_check_interval=30,
+        retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=6),
+        retry_on_error=[redis.ConnectionError, redis.TimeoutError],
+    )
+
+
+def local_redis_answers(url: str = DEFAULT_LOCAL_URL) -> bool:
+    try:
+        client = Redis.from_url(url, socket_connect_timeout=0.5, socket_timeout=0.5)
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+    except (redis.ConnectionError, redis.TimeoutError, OSError):
+        return False
+
+
+def resolve_redis_url(url: str | None) -> str:
+    """`url` when given; else the local default if it answers; else a clear error."""
+    if url:
+        return url
+    if local_redis_answers():
+        return DEFAULT_LOCAL_URL
+    raise RedisUnavailable(
+        "no Redis: TIDEGATE_REDIS_URL is unset and nothing answers on 127.0.0.1:6379 "
+        "(set TIDEGATE_REDIS_URL, start redis-server, or use `tidegate demo`, which embeds one)"
+    )
+
+
+def connect(url: str | None) -> Redis:
+    return make_client(resolve_redis_url(url))

@@ -1,0 +1,176 @@
+"""TidegateClient against the real API, and its retry rules against a scripted HTTP peer."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from redis import Redis
+
+from producer.client import (
+    ApiResponseError,
+    ConnectionFailed,
+    RejectedError,
+    RetryEvent,
+    TidegateClient,
+    WaitTimeout,
+)
+from shared.models import TicketStatus
+from shared.queue import TicketQueue
+from tests.api.conftest import Api, publish_alarm
+from tests.api.peer import Answer, ScriptedPeer
+
+LOAN = {"type": "loan_approval", "prompt": "Approve a 20k loan?", "urgent_level": 2}
+COMPLAINT = {"type": "complaint", "prompt": "My card was charged twice."}
+
+
+@pytest.fixture
+def client(api: Api, branch_key: str) -> Iterator[TidegateClient]:
+    with TidegateClient(api.base_url, branch_key, retry_deadline=20) as c:
+        yield c
+
+
+def test_submit_get_wait_and_cancel(client: TidegateClient, ticket_queue: TicketQueue) -> None:
+    accepted = client.submit(LOAN)
+    assert accepted.status is TicketStatus.QUEUED
+    assert client.get(accepted.id).priority == pytest.approx(-0.2)
+
+    def worker() -> None:
+        time.sleep(0.3)
+        claimed = ticket_queue.claim("w-client-test", 1)[0]
+        ticket_queue.finish(claimed.ticket.id, claimed.token, "done", result="approved")
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    view = client.wait(accepted.id, timeout=10)
+    thread.join()
+    assert (view.status, view.result) == (TicketStatus.DONE, "approved")
+
+    other = client.submit(COMPLAINT)
+    cancelled = client.cancel(other.id)
+    assert (cancelled.status, cancelled.cancelled) == (TicketStatus.CANCELLED, True)
+
+
+def test_wait_gives_up_at_its_timeout(client: TidegateClient) -> None:
+    accepted = client.submit(COMPLAINT)
+    started = time.monotonic()
+    with pytest.raises(WaitTimeout) as raised:
+        client.wait(accepted.id, timeout=0.5, poll_initial=0.05)
+    assert 0.4 < time.monotonic() - started < 2
+    assert raised.value.last.status is TicketStatus.QUEUED
+
+
+def test_submit_many_and_a_422_names_the_field(client: TidegateClient) -> None:
+    batch = client.submit_many([LOAN, {"type": "nope", "prompt": "x"}])
+    assert [r.status_code for r in batch.results] == [202, 422]
+    with pytest.raises(ApiResponseError) as raised:
+        client.submit({"type": "complaint", "prompt": "x", "vip_level": 9})
+    assert raised.value.status == 422
+    assert "body.vip_level" in str(raised.value)
+
+
+def test_red_complaint_waits_out_retry_after_and_succeeds_once_the_level_drops(
+    api: Api, branch_key: str, redis_client: Redis, ticket_queue: TicketQueue
+) -> None:
+    publish_alarm(redis_client, api.queue_keys, "red")
+    events: list[RetryEvent] = []
+    first_retry = threading.Event()
+
+    def record(event: RetryEvent) -> None:
+        events.append(event)
+        first_retry.set()
+
+    outcome: dict[str, Any] = {}
+
+    def submit() -> None:
+        with TidegateClient(api.base_url, branch_key, retry_deadline=20, on_retry=record) as c:
+            outcome["accepted"] = c.submit(COMPLAINT)
+
+    thread = threading.Thread(target=submit)
+    thread.start()
+    assert first_retry.wait(10), "the client never got a 429"
+    publish_alarm(redis_client, api.queue_keys, "green")  # the monitor clears the level
+    thread.join(20)
+
+    assert outcome["accepted"].status is TicketStatus.QUEUED
+    assert events[0].status == 429
+    assert events[0].sleep_seconds == 1.0  # exactly the Retry-After the API gave
+    stats = ticket_queue.stats()
+    assert stats.depth_by_type["complaint"] == 1
+    assert stats.outcome_count("complaint", "rejected") == len(events)  # each shed attempt is on record
+
+
+def test_still_shed_at_the_deadline_raises_rejected(api: Api, branch_key: str, redis_client: Redis) -> None:
+    publish_alarm(redis_client, api.queue_keys, "red")
+    with (
+        TidegateClient(api.base_url, branch_key, retry_deadline=0.5) as c,
+        pytest.raises(RejectedError) as raised,
+    ):
+        c.submit(COMPLAINT)
+    assert raised.value.code == "queue_red"
+    assert raised.value.retry_after is not None and raised.value.retry_after >= 1
+
+
+# ---- retry rules against a scripted peer -----------------------------------------------------------
+ACCEPTED = {"id": "01abc", "status": "queued", "priority": 0.0, "expires_at": 1.0}
+
+
+def test_5xx_is_retried_with_the_same_idempotency_key_and_jittered_backoff() -> None:
+    script: list[Answer] = [(503, {}, {"error": {"message": "busy"}}), (500, {}, {}), (202, {}, ACCEPTED)]
+    events: list[RetryEvent] = []
+    with (
+        ScriptedPeer(script) as peer,
+        TidegateClient(peer.url, "k", backoff_base=0.01, backoff_cap=0.05, on_retry=events.append) as c,
+    ):
+        assert c.submit(COMPLAINT).id == "01abc"
+    keys = {r["Idempotency-Key"] for r in peer.requests}
+    assert len(peer.requests) == 3 and len(keys) == 1
+    assert [e.status for e in events] == [503, 500]
+    assert all(0 <= e.sleep_seconds <= 0.05 for e in events)
+
+
+def test_4xx_other_than_429_is_not_retried() -> None:
+    with ScriptedPeer([(403, {}, {"error": {"message": "no", "code": "branch_mismatch"}})]) as peer:
+        with TidegateClient(peer.url, "k") as c, pytest.raises(ApiResponseError) as raised:
+            c.submit(COMPLAINT)
+        assert len(peer.requests) == 1
+    assert (raised.value.status, raised.value.code) == (403, "branch_mismatch")
+
+
+def test_retry_after_is_honoured_but_never_past_the_deadline() -> None:
+    script: list[Answer] = [(429, {"Retry-After": "3"}, {"error": {"message": "shed", "code": "queue_red"}})]
+    with ScriptedPeer(script) as peer:
+        started = time.monotonic()
+        with TidegateClient(peer.url, "k", retry_deadline=1) as c, pytest.raises(RejectedError) as raised:
+            c.submit(COMPLAINT)
+        assert time.monotonic() - started < 0.5  # a 3 s wait cannot fit in 1 s: give up at once
+        assert len(peer.requests) == 1
+    assert raised.value.retry_after == 3
+
+
+def test_connection_errors_are_retried_until_the_deadline() -> None:
+    with ScriptedPeer([]) as peer:
+        url = peer.url  # the port is closed once the peer stops
+    events: list[RetryEvent] = []
+    started = time.monotonic()
+    client = TidegateClient(url, "k", retry_deadline=0.5, backoff_base=0.02, on_retry=events.append)
+    with client, pytest.raises(ConnectionFailed, match="retry deadline"):
+        client.get("01abc")
+    # It stops once the next jittered pause would pass the deadline, so only the upper bound is fixed.
+    assert time.monotonic() - started < 3
+    assert len(events) >= 2 and all(e.status is None and e.error for e in events)
+    assert sum(e.sleep_seconds for e in events) <= 0.5
+
+
+def test_full_jitter_stays_under_the_capped_exponential() -> None:
+    client = TidegateClient("http://unused", "k", backoff_base=0.5, backoff_cap=4, rng=random.Random(7))
+    for attempt in range(8):
+        ceiling = min(4, 0.5 * 2**attempt)
+        draws = [client.backoff(attempt) for _ in range(200)]
+        assert all(0 <= d <= ceiling for d in draws)
+        assert max(draws) > ceiling * 0.8 and min(draws) < ceiling * 0.2  # spread over the whole range
+    client.close()

@@ -1,0 +1,66 @@
+"""`tidegate bench overload --quick` end to end: real processes, both systems, books and crashes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+OUTCOME_FIELDS = ("done", "rejected", "expired", "cancelled", "failed")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_quick_overload_keeps_the_books_and_tidegate_never_crashes_a_gpu(
+    redis_url: str, tmp_path: Path
+) -> None:
+    results = tmp_path / "overload"
+    env = os.environ | {"TIDEGATE_REDIS_URL": redis_url, "PYTHONUNBUFFERED": "1"}
+    command = [sys.executable, "-c", "from tidegate.cli import main; main()", "bench", "overload", "--quick"]
+    run = subprocess.run(
+        [*command, "--json", "--results-dir", str(results)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    document = json.loads(run.stdout)
+    systems = document["systems"]
+    assert set(systems) == {"tidegate", "baseline"}
+
+    for name, system in systems.items():
+        # Every submission ended in exactly one outcome, per type.
+        assert system["books"]["holds"], f"{name}: {system['books']['line']}"
+        for ticket_type, ledger in system["books"]["by_type"].items():
+            ended = sum(ledger.get(outcome, 0) for outcome in OUTCOME_FIELDS)
+            assert ended == ledger["submitted"] > 0, f"{name} {ticket_type}: {ledger}"
+        # And every planned request reached a final outcome.
+        for ticket_type, row in system["rows"].items():
+            ends = row["done"] + row["rejected"] + row["expired"] + row["failed"] + row["cancelled"]
+            assert ends + row["errors"] == row["offered"] and row["errors"] == 0, (
+                f"{name} {ticket_type}: {row}"
+            )
+        lines = (results / f"{name}-tickets.jsonl").read_text().splitlines()
+        assert len(lines) == system["rows"]["all"]["offered"] == document["plan"]["total"]
+
+    tidegate = systems["tidegate"]
+    assert tidegate["oom_crashes"] == 0, f"tidegate crashed a simulated GPU: {tidegate}"
+    assert tidegate["rows"]["loan_approval"]["rejected"] == 0
+    assert tidegate["books"]["by_type"]["loan_approval"]["rejected"] == 0
+    # Redis's counters and the branches' records are two ledgers; they agreed (books hold), and the
+    # server counted what the branches sent.
+    assert (
+        tidegate["books"]["by_type"]["loan_approval"]["submitted"]
+        == tidegate["rows"]["loan_approval"]["submissions"]
+    )
+
+    assert document["scenario"]["duration_s"] == 30.0
+    assert document["capacity"]["tokens_per_s"] > 0
+    assert (results / "overload.png").read_bytes()[:4] == b"\x89PNG"
+    saved = json.loads((results / "results.json").read_text())
+    assert set(saved["timelines"]) == {"tidegate", "baseline"} and saved["timelines"]["tidegate"]

@@ -1,0 +1,107 @@
+"""The side-by-side table and the PNG, from figures built the way a run builds them."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from rich.console import Console
+
+from ops.bench.figures import Books, SystemFigures, system_figures
+from ops.bench.plot import PlotSeries, plot_runs
+from ops.bench.report import comparison_table, verdict_lines
+from ops.bench.timeline import Sample
+from ops.traffic.accounting import Ledger
+from ops.traffic.records import TicketRecord
+
+TYPES = ["loan_approval", "complaint"]
+SLO = {"loan_approval": 2.0, "complaint": 10.0}
+
+
+def records(count: int, first: float) -> list[TicketRecord]:
+    return [
+        TicketRecord(
+            index=i,
+            request_id=f"r{i}",
+            type=TYPES[i % 2],
+            branch_id="branch-001",
+            planned_at=i * 0.1,
+            slo_seconds=SLO[TYPES[i % 2]],
+            submissions=1,
+            outcome="done" if i % 5 else "expired",
+            first_submit_at=first + i * 0.1,
+            finished_at=first + i * 0.1 + 0.5 + (i % 7),
+        )
+        for i in range(count)
+    ]
+
+
+def figures(name: str, crashes: int) -> tuple[SystemFigures, list[TicketRecord]]:
+    recs = records(40, 1000.0)
+    ledger = Ledger(
+        "clients",
+        {t: {"submitted": 20, "done": sum(1 for r in recs if r.type == t and r.outcome == "done"),
+             "expired": sum(1 for r in recs if r.type == t and r.outcome == "expired")} for t in TYPES},
+    )  # fmt: skip
+    books = Books.from_ledger(ledger, recs)
+    made = system_figures(
+        name,
+        TYPES,
+        SLO,
+        recs,
+        books=books,
+        oom_crashes=crashes,
+        preemptions=0,
+        goodput_tokens_per_s=1234.0,
+        capacity_tokens_per_s=2000.0,
+        cpu_cores={"harness": 0.2},
+    )
+    return made, recs
+
+
+def test_the_table_puts_both_systems_side_by_side_per_type() -> None:
+    ours, _ = figures("tidegate", 0)
+    theirs, _ = figures("baseline", 3)
+    console = Console(record=True, width=200)
+    console.print(comparison_table([ours, theirs], TYPES, "overload"))
+    text = console.export_text()
+    for label in (
+        "offered",
+        "done within SLO",
+        "latency p99 s",
+        "OOM crashes",
+        "busy in the surge",
+        "retries sent",
+    ):
+        assert label in text
+    header = next(line for line in text.splitlines() if "tidegate" in line)
+    assert header.count("tidegate") == 3 and header.count("baseline") == 3  # loan, complaint, all
+    crash_line = next(line for line in text.splitlines() if "OOM crashes" in line)
+    cells = [cell.strip() for cell in crash_line.split("│") if cell.strip()]
+    assert cells[-2:] == ["0", "3"]
+    assert "62%" in text  # 1234 / 2000 tokens per second
+    assert ours.books.holds and "holds" in text
+
+
+def test_verdict_lines_mark_each_check() -> None:
+    lines = verdict_lines({"tidegate": {"zero OOM crashes": True, "busy >= 90%": False}})
+    assert lines == ["ok    tidegate: zero OOM crashes", "SHORT tidegate: busy >= 90%"]
+
+
+def test_the_plot_is_a_png_with_a_column_per_system(tmp_path: Path) -> None:
+    samples = [Sample(float(t), t % 9, 3, t % 4, 3, 0, 0.5, t // 20) for t in range(40)]
+    _, recs = figures("tidegate", 0)
+    series = [
+        PlotSeries("tidegate", samples, recs, 1000.0, [float(t % 5) for t in range(40)]),
+        PlotSeries(
+            "baseline",
+            [replace(s, alarm_level=None) for s in samples],
+            recs,
+            1000.0,
+            [],
+        ),
+    ]
+    path = plot_runs(series, SLO, tmp_path / "out" / "overload.png")
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    assert len(data) > 20_000

@@ -1,0 +1,92 @@
+"""Shared fixtures: a real Redis (own database, unique queue per test), the default policy.
+
+Tests never flush a database: each one works in a queue of its own (`{tidegate:test-…}`) and
+deletes only the keys under that hash tag afterwards, so they can run beside anything else.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+
+import pytest
+from redis import Redis
+
+from producer.producer import Producer
+from shared.keys import QueueKeys
+from shared.policy import Policy, load_policy
+from shared.queue import TicketQueue
+
+TEST_REDIS_URL = os.environ.get("TIDEGATE_TEST_REDIS_URL", "redis://127.0.0.1:6379/9")
+
+
+def delete_queue_keys(client: Redis, queue_name: str) -> None:
+    pattern = QueueKeys(queue_name).prefix.replace("{", "\\{").replace("}", "\\}") + "*"
+    batch = list(client.scan_iter(match=pattern, count=1000))
+    for start in range(0, len(batch), 500):
+        client.delete(*batch[start : start + 500])
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    client = Redis.from_url(TEST_REDIS_URL, socket_connect_timeout=2)
+    try:
+        client.ping()
+    except Exception as exc:  # the message names the URL: the fix is to start redis-server there
+        pytest.exit(f"no Redis at {TEST_REDIS_URL} for the integration tests: {exc}", returncode=3)
+    finally:
+        client.close()
+    return TEST_REDIS_URL
+
+
+@pytest.fixture
+def redis_client(redis_url: str) -> Iterator[Redis]:
+    client = Redis.from_url(redis_url, decode_responses=True)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def queue_name(redis_client: Redis) -> Iterator[str]:
+    """A queue no other test touches; its keys are removed afterwards."""
+    name = f"test-{uuid.uuid4().hex[:12]}"
+    yield name
+    delete_queue_keys(redis_client, name)
+
+
+@pytest.fixture(scope="session")
+def policy() -> Policy:
+    return load_policy()
+
+
+@pytest.fixture
+def ticket_queue(redis_client: Redis, policy: Policy, queue_name: str) -> TicketQueue:
+    return TicketQueue(redis_client, policy, queue_name)
+
+
+@pytest.fixture
+def producer(redis_client: Redis, policy: Policy, queue_name: str) -> Producer:
+    return Producer(redis_client, policy, queue_name, admission_cache_seconds=0)
+
+
+RunCli = Callable[..., subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture
+def run_cli(redis_url: str, queue_name: str) -> RunCli:
+    """Run `tidegate ARGS…` as a user would, in a subprocess bound to this test's Redis and queue."""
+    env = {**os.environ, "TIDEGATE_REDIS_URL": redis_url, "TIDEGATE_QUEUE_NAME": queue_name}
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-c", "from tidegate.cli import main; main()", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+
+    return run

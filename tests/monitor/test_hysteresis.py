@@ -1,0 +1,126 @@
+"""The alarm state machine alone: raise at once, clear slowly, never flap."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ops.monitor.hysteresis import AlarmTracker, Transition
+from shared.control import level_for_depth
+from shared.policy import AlarmLevel, AlarmPolicy
+
+ALARMS = AlarmPolicy()  # 30 / 50 / 80, margin 5, hold 5 s
+GREEN, YELLOW, ORANGE, RED = AlarmLevel.GREEN, AlarmLevel.YELLOW, AlarmLevel.ORANGE, AlarmLevel.RED
+
+
+def walk(tracker: AlarmTracker, depths: list[int], start: float = 0.0, step: float = 1.0) -> list[Transition]:
+    out: list[Transition] = []
+    for i, depth in enumerate(depths):
+        out += tracker.observe(depth, start + i * step)
+    return out
+
+
+def pairs(transitions: list[Transition]) -> list[tuple[AlarmLevel, AlarmLevel]]:
+    return [(t.previous, t.level) for t in transitions]
+
+
+def test_raises_exactly_above_each_threshold() -> None:
+    tracker = AlarmTracker(ALARMS)
+    seen = {}
+    for depth in range(0, 100):
+        for t in tracker.observe(depth, float(depth)):
+            seen[t.level] = t.depth
+    assert seen == {YELLOW: 31, ORANGE: 51, RED: 81}
+
+
+def test_jump_records_each_crossed_level_once() -> None:
+    tracker = AlarmTracker(ALARMS)
+    assert pairs(tracker.observe(200, 0.0)) == [(GREEN, YELLOW), (YELLOW, ORANGE), (ORANGE, RED)]
+    assert tracker.observe(200, 1.0) == []
+    assert tracker.level is RED and tracker.since == 0.0
+
+
+def test_clears_one_level_at_a_time_after_the_hold() -> None:
+    tracker = AlarmTracker(ALARMS)
+    tracker.observe(90, 0.0)
+    # Depth 0 from t=1: every level's clear line is undercut from then on.
+    cleared = walk(tracker, [0] * 12, start=1.0)
+    assert [(t.previous, t.level, t.at) for t in cleared] == [
+        (RED, ORANGE, 6.0),
+        (ORANGE, YELLOW, 7.0),
+        (YELLOW, GREEN, 8.0),
+    ]
+
+
+def test_depth_between_clear_line_and_threshold_holds_the_level() -> None:
+    tracker = AlarmTracker(ALARMS)
+    tracker.observe(85, 0.0)
+    assert walk(tracker, [75] * 60, start=1.0) == []  # 75 is not below 80 - 5
+    assert tracker.level is RED
+
+
+def test_a_single_sample_above_the_clear_line_restarts_the_hold() -> None:
+    tracker = AlarmTracker(ALARMS)
+    tracker.observe(55, 0.0)
+    # Under orange's clear line (45) from t=1, back over it at t=5, under again from t=6.
+    assert walk(tracker, [40, 40, 40, 40, 46, 40, 40, 40, 40, 40], start=1.0) == []
+    assert pairs(tracker.observe(40, 11.0)) == [(ORANGE, YELLOW)]
+
+
+def test_no_margin_clears_once_depth_is_back_at_the_threshold() -> None:
+    tracker = AlarmTracker(AlarmPolicy(yellow=0, orange=1, red=2, clear_margin=0, clear_hold_seconds=0))
+    assert pairs(tracker.observe(1, 0.0)) == [(GREEN, YELLOW)]
+    assert pairs(tracker.observe(0, 1.0)) == [(YELLOW, GREEN)]
+
+
+def test_restored_state_continues_from_the_published_level() -> None:
+    tracker = AlarmTracker(ALARMS, ORANGE, since=100.0)
+    assert tracker.observe(60, 101.0) == []
+    assert pairs(tracker.observe(81, 102.0)) == [(ORANGE, RED)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    depths=st.lists(st.integers(min_value=0, max_value=150), min_size=1, max_size=120),
+    step=st.sampled_from([0.25, 1.0, 2.0]),
+)
+def test_properties_over_any_depth_series(depths: list[int], step: float) -> None:
+    """Never below what depth calls for; each clear preceded by a full hold under the clear line."""
+    tracker = AlarmTracker(ALARMS)
+    history: list[tuple[float, int]] = []
+    for i, depth in enumerate(depths):
+        now = i * step
+        history.append((now, depth))
+        transitions = tracker.observe(depth, now)
+        assert tracker.level >= level_for_depth(depth, ALARMS)
+        assert all(abs(t.level - t.previous) == 1 for t in transitions)
+        for t in transitions:
+            if not t.raised:
+                line = tracker.clear_line(t.previous)
+                window = [d for at, d in history if now - at <= ALARMS.clear_hold_seconds]
+                assert all(d < line for d in window), (t, window)
+                assert history[0][0] <= now - ALARMS.clear_hold_seconds
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    level=st.sampled_from([YELLOW, ORANGE, RED]),
+    highs=st.lists(st.integers(min_value=1, max_value=4), min_size=10, max_size=80),
+)
+def test_oscillation_around_a_threshold_never_flaps(level: AlarmLevel, highs: list[int]) -> None:
+    """Depth swinging between just under the threshold and just over it raises once, never clears."""
+    threshold = ALARMS.threshold(level)
+    tracker = AlarmTracker(ALARMS, AlarmLevel(level - 1))
+    depths = [threshold + h if i % 2 else threshold - ALARMS.clear_margin for i, h in enumerate(highs)]
+    transitions = walk(tracker, depths)
+    assert pairs(transitions) == [(AlarmLevel(level - 1), level)]
+
+
+@settings(max_examples=100, deadline=None)
+@given(period=st.integers(min_value=1, max_value=4), cycles=st.integers(min_value=3, max_value=20))
+def test_dips_shorter_than_the_hold_never_clear(period: int, cycles: int) -> None:
+    tracker = AlarmTracker(ALARMS)
+    tracker.observe(60, -1.0)
+    depths = ([10] * period + [48]) * cycles  # well under orange's clear line, then back over it
+    transitions = walk(tracker, depths)
+    assert transitions == [] and tracker.level is ORANGE

@@ -1,0 +1,41 @@
+"""Backing off from a failing vLLM: growing pauses, one outage counted once, reset on success."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from worker.backoff import VllmHealth
+
+
+def test_pauses_grow_and_reset_on_success() -> None:
+    health = VllmHealth(base_seconds=0.02, max_seconds=0.08)
+    pauses = []
+    for _ in range(4):
+        pauses.append(health.failure())
+        time.sleep(health.pause_remaining() + 0.005)
+    assert health.consecutive_failures == 4 and health.failing
+    assert 0.01 <= pauses[0] <= 0.02 and all(0.04 <= p <= 0.08 for p in pauses[2:])
+    health.success()
+    assert not health.failing and health.pause_remaining() == 0
+
+
+def test_failures_during_a_pause_are_one_outage() -> None:
+    health = VllmHealth(base_seconds=1.0, max_seconds=8.0)
+    first = health.failure()
+    for _ in range(5):  # the rest of the batch fails with the same crash
+        assert health.failure() <= first
+    assert health.consecutive_failures == 1
+
+
+def test_retry_after_is_honoured_up_to_the_cap() -> None:
+    health = VllmHealth(base_seconds=0.01, max_seconds=5.0)
+    assert health.failure(retry_after=3.0) >= 3.0
+    other = VllmHealth(base_seconds=0.01, max_seconds=5.0)
+    assert other.failure(retry_after=60.0) <= 5.0
+
+
+def test_bad_settings_are_refused() -> None:
+    with pytest.raises(ValueError, match="base_seconds=0"):
+        VllmHealth(base_seconds=0)

@@ -1,0 +1,149 @@
+"""Continuous batching from the queue: keep up to `batch_limit` tickets in flight, refilling as
+each one finishes, so one long ticket never holds a batch of short ones back.
+
+Claims are atomic and in priority order (the claim script), sized by free slots and by a token
+budget so one long ticket counts as many short ones; a share of both is kept for critical types.
+With nothing to claim the loop blocks on the queue's wake list (not polling) for at most `block_seconds` or until the next retry is due;
+with no free slot it waits for a ticket to leave. After a vLLM failure it pauses and then probes
+with a single ticket until vLLM answers again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+import redis
+
+from shared.queue import ClaimedTicket, TicketQueue
+from worker import telemetry
+from worker.backoff import VllmHealth
+from worker.batch_sizer import BatchSizer
+from worker.headroom import CriticalHeadroom
+from worker.inflight import InFlight, RunningTicket
+from worker.latency_guard import LatencyGuard
+from worker.result_writer import ResultWriter
+
+log = logging.getLogger(__name__)
+
+NO_HEADROOM = CriticalHeadroom(share=0.0)
+
+
+class ClaimLoop:
+    def __init__(
+        self,
+        *,
+        queue: TicketQueue,
+        worker_id: str,
+        gpu: int,
+        sizer: BatchSizer,
+        inflight: InFlight,
+        health: VllmHealth,
+        writer: ResultWriter,
+        start: Callable[[RunningTicket], None],
+        stop: threading.Event,
+        lease_seconds: float,
+        block_seconds: float,
+        burst: bool,
+        headroom: CriticalHeadroom | None = None,
+        latency_guard: LatencyGuard | None = None,
+    ) -> None:
+        self.queue = queue
+        self.worker_id = worker_id
+        self.gpu = gpu
+        self.sizer = sizer
+        self.inflight = inflight
+        self.health = health
+        self.writer = writer
+        self.start = start
+        self.stop = stop
+        self.lease_seconds = lease_seconds
+        self.block_seconds = block_seconds
+        self.burst = burst
+        self.headroom = headroom or NO_HEADROOM
+        self.latency_guard = latency_guard
+        self.claimed_total = 0
+
+    def run(self) -> None:
+        """Claim and start tickets until `stop` is set (or, in burst mode, the queue is drained)."""
+        while not self.stop.is_set():
+            try:
+                if self._step():
+                    return
+            except redis.RedisError as exc:
+                log.warning("claiming failed (%s); retrying in %.1f s", exc, self.block_seconds)
+                self.stop.wait(self.block_seconds)
+
+    def _step(self) -> bool:
+        """One round; True when a burst run has nothing left to do."""
+        pause = self.health.pause_remaining()
+        if pause > 0:
+            self.stop.wait(min(pause, self.block_seconds))
+            return False
+        running = self.inflight.count()
+        limit = 1 if self.health.failing else self.sizer.limit
+        free = limit - running
+        if free <= 0:
+            self.inflight.wait_for_departure(self.block_seconds)
+            return False
+        budget = self.sizer.token_budget(self.inflight.reserved_tokens())
+        if budget is not None and budget <= 0 and running > 0:
+            self.inflight.wait_for_departure(self.block_seconds)
+            return False
+        shares = self.headroom.split(
+            limit,
+            running,
+            0 if budget is None else max(budget, 1),
+            self.sizer.usable_kv_tokens(),
+            normal_cap=self.latency_guard.cap if self.latency_guard is not None else None,
+        )
+        claimed = self.queue.claim(
+            self.worker_id,
+            shares.count,
+            lease_seconds=self.lease_seconds,
+            token_budget=shares.budget,
+            take_first_over_budget=running == 0,
+            normal_count=shares.normal_count,
+            normal_budget=shares.normal_budget,
+        )
+        if claimed:
+            self._start_all(claimed)
+            return False
+        return self._idle(running, budget)
+
+    def _start_all(self, claimed: list[ClaimedTicket]) -> None:
+        for item in claimed:
+            self.claimed_total += 1
+            running = RunningTicket(item.ticket, item.token, self.gpu)
+            if not self.inflight.add(running):
+                self.writer.give_back(running, "worker shutting down before the ticket started")
+                continue
+            self.sizer.observe(item.ticket.cost_tokens)
+            telemetry.observe_claim(item.ticket)
+            self.start(running)
+
+    def _idle(self, running: int, budget: int | None) -> bool:
+        """Nothing was claimed: wait for work, or for room when the budget held tickets back."""
+        keys = self.queue.keys
+        pipe = self.queue.redis.pipeline(transaction=False)
+        pipe.zcard(keys.pending)
+        pipe.zcard(keys.delayed)
+        pipe.zcard(keys.inflight)
+        pending, delayed, leased = (int(n) for n in pipe.execute())
+        if pending > 0 and running > 0:
+            # The budget or the normal share held the head back: only a departure makes room.
+            self.inflight.wait_for_departure(self.block_seconds)
+            return False
+        if self.burst and pending + delayed + leased == 0 and self.inflight.count() == 0:
+            log.info("burst: the queue is drained; %d tickets claimed", self.claimed_total)
+            return True
+        wait = self.block_seconds
+        next_retry = self.queue.seconds_until_next_retry() if delayed else None
+        if next_retry is not None:
+            wait = min(wait, max(next_retry, 0.01))
+        if self.burst and leased > 0 and pending + delayed == 0:
+            # Other workers' leases may lapse and come back; the reaper's wake-up brings them here.
+            wait = min(wait, 1.0)
+        self.queue.wait_for_work(wait)
+        return False

@@ -1,0 +1,108 @@
+"""Running one claimed ticket: call vLLM, then record what happened.
+
+Runs on a thread of the worker's pool. Whatever happens, the ticket leaves this function in a
+known state (done, failed, back in the queue, or already ended by someone else) and leaves the
+in-flight set, so none is ever stuck `running` on a live worker.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from shared.policy import Policy
+from worker import telemetry
+from worker.backoff import VllmHealth
+from worker.inflight import AbortReason, InFlight, RunningTicket
+from worker.latency_guard import LatencyGuard
+from worker.result_writer import ResultWriter
+from worker.vllm_client import RequestAborted, VllmClient, VllmError
+
+log = logging.getLogger(__name__)
+
+
+def capped_max_tokens(running: RunningTicket, policy: Policy, degraded: bool) -> int:
+    """The ticket's max_tokens, within the context left after its prompt and, while the monitor
+    has degraded service, within its type's degraded cap."""
+    ticket = running.ticket
+    room = max(policy.queue.context_limit_tokens - ticket.prompt_tokens_estimate, 1)
+    cap = min(ticket.max_tokens, room)
+    degraded_cap = (
+        policy.type_policy(ticket.type).degraded_max_tokens if ticket.type in policy.types else None
+    )
+    if degraded and degraded_cap is not None:
+        cap = min(cap, degraded_cap)
+    return max(cap, 1)
+
+
+@dataclass
+class Executor:
+    worker_id: str
+    policy: Policy
+    primary: VllmClient
+    fallback: VllmClient | None
+    health: VllmHealth
+    writer: ResultWriter
+    inflight: InFlight
+    degraded: bool = False
+    """Set by the housekeeping thread from the monitor's published state."""
+    latency_guard: LatencyGuard | None = None
+
+    def client_for(self, running: RunningTicket) -> VllmClient:
+        if running.ticket.route == "fallback" and self.fallback is not None:
+            return self.fallback
+        return self.primary
+
+    def __call__(self, running: RunningTicket) -> None:
+        try:
+            self._run(running)
+        except Exception:
+            # A bug or a Redis outage while recording: the lease is left to expire, so the reaper
+            # returns the ticket (counting the attempt) rather than anything being lost.
+            log.exception("ticket %s: unexpected error; its lease will expire and return it", running.id)
+        finally:
+            self.inflight.remove(running.id)
+
+    def _run(self, running: RunningTicket) -> None:
+        client = self.client_for(running)
+        max_tokens = capped_max_tokens(running, self.policy, self.degraded)
+        try:
+            completion = client.run(running.ticket, max_tokens=max_tokens, handle=running.handle)
+        except RequestAborted as aborted:
+            self._after_abort(running, aborted.reason)
+            return
+        except VllmError as error:
+            telemetry.count_vllm_error(self.worker_id, error.kind.value)
+            if error.transient:
+                pause = self.health.failure(error.retry_after)
+                log.warning(
+                    "vLLM %s failed ticket %s (%s): %s; pausing claims %.1f s",
+                    client.base_url,
+                    running.id,
+                    error.kind.value,
+                    error.message,
+                    pause,
+                )
+                self.writer.retry(
+                    running, f"{error.kind.value}: {error.message}", retry_after=error.retry_after
+                )
+            else:
+                self.health.success()
+                self.writer.failed(
+                    running, f"vLLM rejected the request ({error.status_code}): {error.message}"
+                )
+            return
+        self.health.success()
+        if self.writer.done(running, completion) and self.latency_guard is not None:
+            self.latency_guard.observe(
+                run_seconds=completion.total_seconds, critical=self.policy.is_critical(running.ticket.type)
+            )
+
+    def _after_abort(self, running: RunningTicket, reason: str) -> None:
+        if reason == AbortReason.SHUTDOWN:
+            self.writer.give_back(running, "worker shutting down before the answer was complete")
+        elif reason == AbortReason.EXPIRED:
+            self.writer.expire(running)
+        else:
+            # Cancelled or taken over: the ticket's state is someone else's to write.
+            log.info("ticket %s: request aborted (%s)", running.id, reason)

@@ -1,0 +1,94 @@
+"""Writing a ticket's outcome, fenced by its claim token.
+
+Every write goes through the queue's scripts with the token of the claim that started the run,
+so a worker whose lease was taken over (it stalled, the reaper gave the ticket to another) cannot
+write a second answer: the script refuses and the answer is dropped here, with a log line.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from shared import clock
+from shared.queue import TicketQueue
+from worker import telemetry
+from worker.inflight import RunningTicket
+from worker.vllm_client import Completion
+
+log = logging.getLogger(__name__)
+
+WAKE_LIST_CAP = 64
+"""The wake list is capped like the reaper caps it: enough markers to wake every idle worker."""
+
+
+class ResultWriter:
+    def __init__(self, queue: TicketQueue, worker_id: str) -> None:
+        self.queue = queue
+        self.worker_id = worker_id
+
+    def done(self, running: RunningTicket, completion: Completion) -> bool:
+        """Store the answer and its usage; False when the lease was lost (nothing is written)."""
+        usage = completion.usage()
+        usage["worker"] = self.worker_id
+        usage["gpu"] = running.gpu
+        extra = {"first_token_at": repr(completion.first_token_at)} if completion.first_token_at else {}
+        written = self.queue.finish(
+            running.id, running.token, "done", result=completion.text, usage=usage, extra=extra
+        )
+        if written:
+            telemetry.observe_answer(running.ticket, completion.first_token_at, clock.now())
+        else:
+            log.warning("ticket %s: lease lost before its answer was written; answer dropped", running.id)
+        return written
+
+    def failed(self, running: RunningTicket, error: str) -> bool:
+        """End the ticket `failed` for good (vLLM refused it: retrying cannot help)."""
+        written = self.queue.finish(running.id, running.token, "failed", error=error)
+        if not written:
+            log.warning("ticket %s: lease lost before its failure was written", running.id)
+        return written
+
+    def retry(self, running: RunningTicket, error: str, *, retry_after: float | None = None) -> str:
+        """Back to the queue after a transient failure, with backoff; the attempt counts."""
+        backoff = self.queue.backoff_seconds(running.ticket.attempts)
+        if retry_after is not None:
+            backoff = max(backoff, retry_after)
+        outcome = self.queue.retry(
+            running.id,
+            running.token,
+            running.ticket.type,
+            error,
+            backoff=backoff,
+            attempts=running.ticket.attempts,
+        )
+        log.info("ticket %s: %s (attempt %d): %s", running.id, outcome, running.ticket.attempts, error)
+        return outcome
+
+    def give_back(self, running: RunningTicket, reason: str) -> str:
+        """Return the ticket at once without using an attempt (this worker stops, vLLM is fine)."""
+        outcome = self.queue.retry(
+            running.id, running.token, running.ticket.type, reason, backoff=0, count_attempt=False
+        )
+        if outcome == "retry":
+            self._wake_idle_workers()
+        log.info("ticket %s: given back (%s): %s", running.id, reason, outcome)
+        return outcome
+
+    def expire(self, running: RunningTicket) -> str:
+        """TTL passed while running: the retry script ends it `expired` (no attempt is used)."""
+        return self.queue.retry(
+            running.id,
+            running.token,
+            running.ticket.type,
+            "TTL passed while running; the vLLM request was aborted",
+            backoff=0,
+            count_attempt=False,
+        )
+
+    def _wake_idle_workers(self) -> None:
+        # The retry script puts a ticket straight back into the pending set but wakes nobody;
+        # without a marker an idle worker would find it only when its blocking wait times out.
+        pipe = self.queue.redis.pipeline(transaction=False)
+        pipe.lpush(self.queue.keys.wake, "1")
+        pipe.ltrim(self.queue.keys.wake, 0, WAKE_LIST_CAP - 1)
+        pipe.execute()

@@ -1,0 +1,250 @@
+"""One worker for one GPU: the claim loop, the runner pool, the lease keeper and housekeeping,
+started together and stopped in order.
+
+Concurrency model: plain threads. The work is waiting on sockets (vLLM over `requests`, Redis
+over redis-py, both blocking libraries), at most `max_batch` (32) requests at a time, so a pool
+of that many threads is simple, cheap and free of the GIL's cost; asyncio would need async
+clients for both and buy nothing at this scale. Threads share only `InFlight` (locked), the
+sizer (locked) and events.
+
+Shutdown (SIGTERM/SIGINT, or a burst run that drained the queue): stop claiming; tickets vLLM
+has not started on go back to the queue at once (no attempt used); the others get
+`grace_seconds` to finish; whatever is still running then is aborted and given back; finally
+the worker leaves the registry. A `kill -9` skips all this and loses nothing either: its leases
+lapse and the reaper of any other worker returns the tickets.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+from redis import Redis
+
+from shared import clock
+from shared.policy import Policy
+from shared.queue import TicketQueue
+from worker.backoff import VllmHealth
+from worker.batch_sizer import BatchSizer
+from worker.claim_loop import ClaimLoop
+from worker.config import WorkerConfig
+from worker.execution import Executor
+from worker.gpu_memory import GpuMemoryProvider
+from worker.headroom import CriticalHeadroom
+from worker.housekeeping import Housekeeping
+from worker.inflight import AbortReason, InFlight, RunningTicket
+from worker.latency_guard import LatencyGuard
+from worker.leases import LeaseKeeper
+from worker.registry import WorkerRegistry
+from worker.result_writer import ResultWriter
+from worker.telemetry import GaugeSnapshot
+from worker.vllm_client import VllmClient, VllmError
+
+log = logging.getLogger(__name__)
+
+ABORT_SETTLE_SECONDS = 10.0
+"""How long aborted tickets may take to be written back after the grace period."""
+
+
+class Worker:
+    def __init__(
+        self,
+        config: WorkerConfig,
+        redis: Redis,
+        policy: Policy,
+        *,
+        gpu_provider: GpuMemoryProvider | None = None,
+    ) -> None:
+        self.config = config
+        self.policy = policy
+        self.queue = TicketQueue(redis, policy, config.queue_name)
+        self.stop_requested = threading.Event()
+        self.inflight = InFlight()
+        self.sizer = BatchSizer(
+            kv_bytes_per_token=config.model_spec.kv_bytes_per_token,
+            max_batch=config.max_batch,
+            safety_margin=config.safety_margin,
+            kv_high_watermark=config.kv_high_watermark,
+            initial_ticket_tokens=policy.queue.default_max_tokens + 512,
+        )
+        # The same backoff curve the policy sets for ticket retries paces claims against a failing vLLM.
+        base = max(policy.queue.retry_backoff_seconds, 0.01)
+        self.health = VllmHealth(
+            base_seconds=base, max_seconds=max(policy.queue.retry_backoff_max_seconds, base)
+        )
+        self.primary = VllmClient(config.vllm_url, model=config.model, pool_size=config.max_batch)
+        self.fallback = (
+            VllmClient(config.fallback_vllm_url, pool_size=config.max_batch)
+            if config.fallback_vllm_url
+            else None
+        )
+        self.writer = ResultWriter(self.queue, config.worker_id)
+        headroom = CriticalHeadroom(share=config.critical_headroom)
+        self.latency_guard = (
+            LatencyGuard(
+                slo_seconds=policy.critical_slo_seconds, max_batch=config.max_batch, headroom=headroom
+            )
+            if config.slo_guard and policy.critical_slo_seconds is not None
+            else None
+        )
+        self.executor = Executor(
+            worker_id=config.worker_id,
+            policy=policy,
+            primary=self.primary,
+            fallback=self.fallback,
+            health=self.health,
+            writer=self.writer,
+            inflight=self.inflight,
+            latency_guard=self.latency_guard,
+        )
+        self.pool = ThreadPoolExecutor(max_workers=config.max_batch, thread_name_prefix="ticket")
+        self.claim_loop = ClaimLoop(
+            queue=self.queue,
+            worker_id=config.worker_id,
+            gpu=config.gpu,
+            sizer=self.sizer,
+            inflight=self.inflight,
+            health=self.health,
+            writer=self.writer,
+            start=self._start_ticket,
+            stop=self.stop_requested,
+            lease_seconds=config.lease_seconds,
+            block_seconds=config.block_seconds,
+            burst=config.burst,
+            headroom=headroom,
+            latency_guard=self.latency_guard,
+        )
+        self.leases = LeaseKeeper(self.queue, self.inflight, config.lease_seconds)
+        self.registry = WorkerRegistry(redis, self.queue.keys, config.worker_id, config.heartbeat_seconds)
+        self.housekeeping = Housekeeping(
+            queue=self.queue,
+            worker_id=config.worker_id,
+            gpu_index=config.gpu,
+            sizer=self.sizer,
+            inflight=self.inflight,
+            registry=self.registry,
+            gpu_provider=gpu_provider,
+            vllm_url=config.vllm_url,
+            heartbeat_seconds=config.heartbeat_seconds,
+            resize_seconds=config.resize_seconds,
+            info=self._registry_info,
+            on_degraded=self._set_degraded,
+            latency_guard=self.latency_guard,
+        )
+        self.started_at = clock.now()
+        self.draining = False
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+    def request_stop(self) -> None:
+        """Ask the worker to stop; safe from a signal handler (it only sets an event)."""
+        self.stop_requested.set()
+
+    def run(self) -> int:
+        """Run until stopped (or drained in burst mode), then shut down in order; returns 0."""
+        try:
+            model = self.primary.discover_model()
+        except VllmError as exc:
+            model = "(unknown until vLLM answers)"
+            log.warning(
+                "vLLM at %s does not answer yet (%s); tickets will wait with backoff",
+                self.config.vllm_url,
+                exc,
+            )
+        log.info(
+            "worker %s: GPU %d, vLLM %s, model %s, max batch %d, lease %.1f s",
+            self.config.worker_id,
+            self.config.gpu,
+            self.config.vllm_url,
+            model,
+            self.config.max_batch,
+            self.config.lease_seconds,
+        )
+        self.housekeeping.resize()
+        self.housekeeping.heartbeat()
+        self.leases.start()
+        self.housekeeping.start()
+        claimer = threading.Thread(target=self._claim_then_signal, name="claim-loop", daemon=True)
+        claimer.start()
+        self.stop_requested.wait()
+        self.shutdown(claimer)
+        return 0
+
+    def _claim_then_signal(self) -> None:
+        try:
+            self.claim_loop.run()
+        except Exception:
+            log.exception("claim loop crashed; stopping the worker")
+        finally:
+            self.stop_requested.set()
+
+    def shutdown(self, claimer: threading.Thread | None = None) -> None:
+        self.draining = True
+        self.stop_requested.set()
+        self.inflight.close()
+        unstarted = [r for r in self.inflight.snapshot() if not r.started]
+        for running in unstarted:
+            running.handle.abort(AbortReason.SHUTDOWN)
+        if unstarted:
+            log.info("shutdown: giving back %d tickets vLLM had not started", len(unstarted))
+        grace = self.config.grace_seconds
+        if not self.inflight.wait_until_empty(grace):
+            rest = self.inflight.snapshot()
+            log.warning(
+                "shutdown: %d tickets still running after %.1f s grace; giving them back", len(rest), grace
+            )
+            for running in rest:
+                running.handle.abort(AbortReason.SHUTDOWN)
+            self.inflight.wait_until_empty(ABORT_SETTLE_SECONDS)
+        self.pool.shutdown(wait=True, cancel_futures=False)
+        if claimer is not None:
+            claimer.join(timeout=self.config.block_seconds + 5)
+        self.leases.stop()
+        self.housekeeping.stop()
+        try:
+            self.registry.deregister()
+        except Exception as exc:  # Redis gone: the heartbeat TTL removes us anyway
+            log.warning("could not leave the registry (%s); the heartbeat TTL will", exc)
+        self.primary.close()
+        if self.fallback is not None:
+            self.fallback.close()
+        log.info("worker %s stopped", self.config.worker_id)
+
+    # ---- pieces ---------------------------------------------------------------------------------
+    def _start_ticket(self, running: RunningTicket) -> None:
+        self.pool.submit(self.executor, running)
+
+    def _set_degraded(self, degraded: bool) -> None:
+        self.executor.degraded = degraded
+        if self.latency_guard is not None:
+            self.latency_guard.set_active(degraded)
+
+    def gauges(self) -> GaugeSnapshot:
+        observed = self.housekeeping.observed
+        return GaugeSnapshot(
+            batch_limit=self.sizer.limit,
+            inflight=self.inflight.count(),
+            kv_usage=observed.vllm.kv_usage if observed.vllm else None,
+            gpu_free_bytes=observed.gpu.free_bytes if observed.gpu else None,
+            gpu_total_bytes=observed.gpu.total_bytes if observed.gpu else None,
+        )
+
+    def _registry_info(self) -> dict[str, str | int | float | None]:
+        gauges = self.gauges()
+        return {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "gpu": self.config.gpu,
+            "model": self.primary.model or "",
+            "vllm_url": self.config.vllm_url,
+            "inflight": gauges.inflight,
+            "batch_limit": gauges.batch_limit,
+            "kv_usage": gauges.kv_usage,
+            "gpu_free_bytes": gauges.gpu_free_bytes,
+            "gpu_total_bytes": gauges.gpu_total_bytes,
+            "normal_cap": self.latency_guard.cap if self.latency_guard is not None else None,
+            "state": "draining" if self.draining else "running",
+            "started_at": repr(self.started_at),
+        }

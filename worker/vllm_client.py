@@ -1,0 +1,396 @@
+"""Calls to vLLM's OpenAI-compatible API for one ticket, with `requests`.
+
+Every call streams (SSE) for two reasons: the first chunk gives the time to first token, and a
+cancelled or expired ticket's request can be cut off mid-answer by shutting its socket, which vLLM
+sees as a disconnect and answers by freeing the request's KV blocks. The ticket id travels as the
+request id (body and `X-Request-Id`), so a line in vLLM's log names the ticket.
+
+Errors are classified for the caller: refused connections, timeouts, 5xx and out-of-memory are
+transient (the ticket goes back to the queue); 4xx are permanent, carrying vLLM's own message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+import requests
+from requests.adapters import HTTPAdapter
+
+from shared import clock
+from shared.models import Ticket
+
+log = logging.getLogger(__name__)
+
+PRIORITY_SCALE = 100
+"""vLLM's `priority` is an integer; tidegate's is a float with two meaningful decimals."""
+PRIORITY_DISABLED_HINT = "priority scheduling is not enabled"
+
+
+class ErrorKind(StrEnum):
+    """The `kind` label of `tidegate_vllm_errors_total`."""
+
+    CONNECT = "connection"
+    TIMEOUT = "timeout"
+    SERVER = "http_5xx"
+    OOM = "oom"
+    PROTOCOL = "protocol"
+    CLIENT = "http_4xx"
+
+
+TRANSIENT_KINDS = frozenset(
+    {ErrorKind.CONNECT, ErrorKind.TIMEOUT, ErrorKind.SERVER, ErrorKind.OOM, ErrorKind.PROTOCOL}
+)
+
+
+class VllmError(Exception):
+    """A failed call; `transient` tells whether another attempt may succeed."""
+
+    def __init__(
+        self,
+        kind: ErrorKind,
+        message: str,
+        *,
+        status_code: int | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.status_code = status_code
+        self.retry_after = retry_after
+
+    @property
+    def transient(self) -> bool:
+        return self.kind in TRANSIENT_KINDS
+
+
+class RequestAborted(Exception):
+    """The request was cut off on purpose (cancel, lost lease, expiry, shutdown); `reason` says which."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class RequestHandle:
+    """What other threads see of a running request: whether its first token came, and `abort`.
+
+    Closing a socket from another thread does not wake a blocked read on Linux; shutting it down
+    does, so `abort` shuts down the response's socket and the reading thread sees the stream end.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._reason: str | None = None
+        self._closer: Callable[[], None] | None = None
+        self.first_token_at: float | None = None
+        """Set (once) by the reading thread; shutdown gives back tickets that have none."""
+
+    @property
+    def reason(self) -> str | None:
+        with self._lock:
+            return self._reason
+
+    def abort(self, reason: str) -> bool:
+        """Stop the request; False when it was already aborted (the first reason stands)."""
+        with self._lock:
+            if self._reason is not None:
+                return False
+            self._reason = reason
+            closer = self._closer
+        if closer is not None:
+            closer()
+        return True
+
+    def attach(self, closer: Callable[[], None]) -> None:
+        with self._lock:
+            self._closer = closer
+            aborted = self._reason is not None
+        if aborted:
+            closer()
+
+    def detach(self) -> None:
+        with self._lock:
+            self._closer = None
+
+    def check(self) -> None:
+        reason = self.reason
+        if reason is not None:
+            raise RequestAborted(reason)
+
+
+@dataclass(frozen=True)
+class Completion:
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str | None
+    ttft_seconds: float | None
+    total_seconds: float
+    first_token_at: float | None
+    model: str
+
+    def usage(self) -> dict[str, Any]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "ttft_seconds": None if self.ttft_seconds is None else round(self.ttft_seconds, 6),
+            "total_seconds": round(self.total_seconds, 6),
+            "first_token_at": self.first_token_at,
+            "finish_reason": self.finish_reason,
+            "model": self.model,
+        }
+
+
+def _shutdown_socket(response: requests.Response) -> Callable[[], None]:
+    def close() -> None:
+        sock = _socket_of(response)
+        if sock is not None:
+            # OSError: already closed by the peer, and the reader has its end of stream anyway.
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        response.close()
+
+    return close
+
+
+def _socket_of(response: requests.Response) -> socket.socket | None:
+    raw: Any = response.raw
+    connection = getattr(raw, "_connection", None) or getattr(raw, "connection", None)
+    sock = getattr(connection, "sock", None)
+    if isinstance(sock, socket.socket):
+        return sock
+    fp = getattr(getattr(raw, "_fp", None), "fp", None)
+    sock = getattr(getattr(fp, "raw", None), "_sock", None)
+    return sock if isinstance(sock, socket.socket) else None
+
+
+def _error_message(body: Any, fallback: str) -> str:
+    if isinstance(body, dict):
+        error = body.get("error")
+        if isinstance(error, dict) and error.get("message"):
+            return str(error["message"])
+        if isinstance(error, str):
+            return error
+        if body.get("message"):
+            return str(body["message"])
+    return fallback
+
+
+def _classify_status(status: int, message: str, retry_after: float | None) -> VllmError:
+    if "out of memory" in message.lower():
+        return VllmError(ErrorKind.OOM, message, status_code=status, retry_after=retry_after)
+    if status >= 500 or status in (408, 429):
+        return VllmError(ErrorKind.SERVER, message, status_code=status, retry_after=retry_after)
+    return VllmError(ErrorKind.CLIENT, message, status_code=status)
+
+
+def _retry_after(response: requests.Response) -> float | None:
+    value = response.headers.get("Retry-After", "")
+    try:
+        return float(value) if value else None
+    except ValueError:
+        return None
+
+
+class VllmClient:
+    """One vLLM endpoint: a pooled session, the served model name, and `run` for a ticket."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        model: str | None = None,
+        pool_size: int = 32,
+        connect_timeout: float = 3.0,
+        send_priority: bool = True,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.connect_timeout = connect_timeout
+        self.session = requests.Session()
+        adapter = HTTPAdapter(pool_connections=1, pool_maxsize=max(pool_size, 1), max_retries=0)
+        self.session.mount("http://", adapter)
+        self.session.mount("https://", adapter)
+        self._model = model
+        self._send_priority = send_priority
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        self.session.close()
+
+    @property
+    def model(self) -> str | None:
+        return self._model
+
+    def discover_model(self, timeout: float = 5.0) -> str:
+        """The served model's name from `/v1/models` (the first one), remembered for later calls."""
+        if self._model:
+            return self._model
+        url = self.base_url + "/v1/models"
+        try:
+            response = self.session.get(url, timeout=(self.connect_timeout, timeout))
+        except requests.RequestException as exc:
+            raise VllmError(ErrorKind.CONNECT, f"cannot reach {url}: {exc}") from exc
+        if response.status_code != 200:
+            raise _classify_status(response.status_code, f"{url} answered {response.status_code}", None)
+        data = response.json().get("data") or []
+        if not data:
+            raise VllmError(ErrorKind.PROTOCOL, f"{url} lists no served model")
+        with self._lock:
+            self._model = str(data[0]["id"])
+        return self._model
+
+    def build_request(self, ticket: Ticket, max_tokens: int) -> tuple[str, dict[str, Any]]:
+        """The endpoint path and body for `ticket`: chat when it has messages, completion otherwise."""
+        body: dict[str, Any] = {
+            "model": self._model or self.discover_model(),
+            "max_tokens": max_tokens,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "request_id": ticket.id,
+        }
+        if self._send_priority:
+            body["priority"] = round(ticket.priority * PRIORITY_SCALE)
+        if ticket.messages is not None:
+            body["messages"] = [m.model_dump() for m in ticket.messages]
+            return "/v1/chat/completions", body
+        body["prompt"] = ticket.prompt or ""
+        return "/v1/completions", body
+
+    def run(self, ticket: Ticket, *, max_tokens: int, handle: RequestHandle) -> Completion:
+        """Run `ticket` to completion; raises VllmError or RequestAborted.
+
+        The read timeout is the ticket's remaining TTL: vLLM silent past it means the answer would
+        arrive too late to matter.
+        """
+        try:
+            return self._run_once(ticket, max_tokens, handle)
+        except VllmError as exc:
+            if (
+                exc.kind is ErrorKind.CLIENT
+                and PRIORITY_DISABLED_HINT in exc.message.lower()
+                and self._send_priority
+            ):
+                log.warning(
+                    "vLLM at %s runs without priority scheduling; sending no priorities", self.base_url
+                )
+                self._send_priority = False
+                return self._run_once(ticket, max_tokens, handle)
+            raise
+
+    def _run_once(self, ticket: Ticket, max_tokens: int, handle: RequestHandle) -> Completion:
+        handle.check()
+        path, body = self.build_request(ticket, max_tokens)
+        remaining = ticket.expires_at - clock.now()
+        if remaining <= 0:
+            raise VllmError(ErrorKind.TIMEOUT, f"ticket {ticket.id} expired before its request was sent")
+        started = time.monotonic()
+        try:
+            response = self.session.post(
+                self.base_url + path,
+                json=body,
+                headers={"X-Request-Id": ticket.id, "Accept": "text/event-stream"},
+                stream=True,
+                timeout=(min(self.connect_timeout, remaining), remaining),
+            )
+        except requests.ConnectionError as exc:
+            handle.check()
+            if isinstance(exc, requests.ConnectTimeout):
+                raise VllmError(ErrorKind.TIMEOUT, f"connecting to {self.base_url} timed out") from exc
+            raise VllmError(ErrorKind.CONNECT, f"cannot reach vLLM at {self.base_url}: {exc}") from exc
+        except requests.Timeout as exc:
+            handle.check()
+            raise VllmError(ErrorKind.TIMEOUT, f"vLLM sent no answer within {remaining:.1f} s") from exc
+        handle.attach(_shutdown_socket(response))
+        try:
+            if response.status_code != 200:
+                try:
+                    payload: Any = response.json()
+                except ValueError:
+                    payload = None
+                message = _error_message(payload, f"HTTP {response.status_code}: {response.text[:200]}")
+                raise _classify_status(response.status_code, message, _retry_after(response))
+            return self._read_stream(ticket, response, handle, started)
+        finally:
+            handle.detach()
+            response.close()
+
+    def _read_stream(
+        self, ticket: Ticket, response: requests.Response, handle: RequestHandle, started: float
+    ) -> Completion:
+        pieces: list[str] = []
+        chunks = 0
+        ttft: float | None = None
+        first_token_at: float | None = None
+        finish_reason: str | None = None
+        usage: dict[str, Any] | None = None
+        model = self._model or ""
+        done = False
+        try:
+            for event in _sse_events(response):
+                if event == "[DONE]":
+                    done = True
+                    break
+                data = json.loads(event)
+                if "error" in data or data.get("object") == "error":
+                    message = _error_message(data, "vLLM reported an error mid-stream")
+                    error = data.get("error")
+                    code = error.get("code") if isinstance(error, dict) else data.get("code")
+                    raise _classify_status(int(code) if isinstance(code, int) else 500, message, None)
+                model = str(data.get("model") or model)
+                if data.get("usage"):
+                    usage = data["usage"]
+                for choice in data.get("choices") or []:
+                    text = choice.get("text")
+                    if text is None:
+                        text = (choice.get("delta") or {}).get("content")
+                    if text:
+                        if ttft is None:
+                            ttft = time.monotonic() - started
+                            first_token_at = clock.now()
+                            handle.first_token_at = first_token_at
+                        pieces.append(text)
+                        chunks += 1
+                    if choice.get("finish_reason"):
+                        finish_reason = str(choice["finish_reason"])
+        except Exception as exc:
+            # An abort shuts the socket from another thread; http.client may then fail in any way
+            # (even AttributeError on its closed file), so a set abort reason wins over the error.
+            handle.check()
+            if not isinstance(exc, requests.RequestException | OSError | ValueError):
+                raise
+            if isinstance(exc, requests.Timeout | TimeoutError):
+                raise VllmError(ErrorKind.TIMEOUT, f"vLLM stalled mid-answer for ticket {ticket.id}") from exc
+            raise VllmError(ErrorKind.PROTOCOL, f"stream for ticket {ticket.id} broke: {exc}") from exc
+        handle.check()
+        if not done:
+            raise VllmError(ErrorKind.PROTOCOL, f"stream for ticket {ticket.id} ended without [DONE]")
+        prompt_tokens = int(usage["prompt_tokens"]) if usage else ticket.prompt_tokens_estimate
+        completion_tokens = int(usage["completion_tokens"]) if usage else chunks
+        return Completion(
+            text="".join(pieces),
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            finish_reason=finish_reason,
+            ttft_seconds=ttft,
+            total_seconds=time.monotonic() - started,
+            first_token_at=first_token_at,
+            model=model,
+        )
+
+
+def _sse_events(response: requests.Response) -> Iterator[str]:
+    """The `data:` payloads of a server-sent event stream, one per event."""
+    for line in response.iter_lines(decode_unicode=True):
+        if line and line.startswith("data:"):
+            yield line[5:].strip()
