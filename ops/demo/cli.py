@@ -53,7 +53,10 @@ def demo(
         str, typer.Option(help=f"How shed branches retry: {'|'.join(RETRY_MODES)} (fixed = every 1 s).")
     ] = "retry-after",
     max_attempts: Annotated[int, typer.Option(help="Submissions per request before a branch gives up.")] = 5,
-    time_scale: Annotated[float, typer.Option(help="Simulator speed relative to real GPUs.")] = 1.0,
+    time_scale: Annotated[
+        float,
+        typer.Option(help="Simulator speed relative to real GPUs (4 gives the seed's normal-load latency)."),
+    ] = DemoOptions.time_scale,
     capacity: Annotated[
         float | None, typer.Option(help="Tickets/s that 100% load means (default: estimated or measured).")
     ] = None,

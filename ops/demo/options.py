@@ -31,7 +31,9 @@ class DemoOptions:
     run_dir: Path | None = None
     retry: RetryMode = "retry-after"
     max_attempts: int = 5
-    time_scale: float = 1.0
+    time_scale: float = 4.0
+    """Simulated GPU speed: at 4 a loan answer at normal load takes what the seed's production saw
+    (P99 1.2 s, calibrated in ops/bench/RESULTS.md); at 1 the simulated A100 is 4× slower than that."""
     drain_timeout: float = 45.0
     capacity: float | None = None
     """Tickets/s that 100% load means; None: estimated (simulator) or measured (vLLM-CPU)."""
