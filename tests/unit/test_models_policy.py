@@ -91,6 +91,16 @@ def test_default_policy_reproduces_contract_table(policy: Policy) -> None:
     assert policy.queue.aging_seconds == 60
 
 
+def test_default_caps_keep_types_admitted_at_orange_below_red(policy: Policy) -> None:
+    """A non-critical type still admitted at orange must not fill the queue past red on its own:
+    red would then drain the queue empty and orange refill it, cycling (ops/bench/RESULTS.md)."""
+    admitted_at_orange = {
+        name: t.cap for name, t in policy.types.items() if not t.critical and t.orange_action != "shed"
+    }
+    assert admitted_at_orange == {"complaint": 70}
+    assert all(cap < policy.alarms.red - policy.alarms.clear_margin for cap in admitted_at_orange.values())
+
+
 def test_bad_policy_file_names_file_and_field(tmp_path: Path) -> None:
     bad = tmp_path / "policy.toml"
     bad.write_text(default_policy_text().replace("ttl_seconds = 30", "ttl_seconds = -1"))
