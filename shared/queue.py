@@ -150,9 +150,8 @@ class TicketQueue:
         outcome, ticket_id = raw[0], raw[1]
         if outcome == "existing":
             return EnqueueResult("existing", ticket_id)
-        if outcome == "rejected":
-            cap = "queue cap reached for type " + ticket.type
-            rejected = ticket.model_copy(update={"status": TicketStatus.REJECTED, "error": cap})
+        if outcome == "rejected":  # the script's reason, the same text it stored on the ticket
+            rejected = ticket.model_copy(update={"status": TicketStatus.REJECTED, "error": raw[2]})
             return EnqueueResult("rejected", ticket_id, rejected)
         return EnqueueResult("queued", ticket_id, ticket)
 

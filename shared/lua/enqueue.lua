@@ -22,7 +22,7 @@ ARGV[8] retention seconds (idempotency key and rejected record)
 ARGV[9] ready_at: when later than created_at the ticket is deferred (parked in the delayed set)
 ARGV[10..] field, value pairs of the ticket hash
 
-Returns {"queued", id} | {"existing", id of the earlier ticket} | {"rejected", id} when the cap is
+Returns {"queued", id} | {"existing", id of the earlier ticket} | {"rejected", id, reason} when the cap is
 reached (the ticket is then recorded as `rejected`, never silently dropped).
 ]]
 
@@ -41,11 +41,11 @@ redis.call('HSET', KEYS[1], unpack(ARGV, 10))
 redis.call('HINCRBY', KEYS[6], ticket_type .. ':submitted', 1)
 
 if redis.call('ZCARD', KEYS[4]) >= tonumber(ARGV[7]) then
-  redis.call('HSET', KEYS[1], 'status', 'rejected', 'finished_at', ARGV[4],
-    'error', 'queue cap reached for type ' .. ticket_type .. ' (cap ' .. ARGV[7] .. ')')
+  local reason = 'queue cap reached for type ' .. ticket_type .. ' (cap ' .. ARGV[7] .. ')'
+  redis.call('HSET', KEYS[1], 'status', 'rejected', 'finished_at', ARGV[4], 'error', reason)
   redis.call('EXPIRE', KEYS[1], ARGV[8])
   redis.call('HINCRBY', KEYS[6], ticket_type .. ':rejected', 1)
-  return {'rejected', id}
+  return {'rejected', id, reason}
 end
 
 redis.call('HSET', KEYS[1], 'status', 'queued', 'score', ARGV[3])

@@ -128,6 +128,8 @@ def test_type_cap_rejects_and_records(redis_client: Redis, policy: Policy, queue
     queue = TicketQueue(redis_client, policy.model_copy(update={"types": types}), queue_name)
     results = queue.enqueue_many([req("complaint") for _ in range(5)])
     assert [r.outcome for r in results] == ["queued"] * 3 + ["rejected"] * 2
+    answered = results[-1].ticket  # what the submitter is told at once names the cap too
+    assert answered is not None and answered.error == "queue cap reached for type complaint (cap 3)"
     rejected = queue.get(results[-1].ticket_id)
     assert rejected is not None and rejected.status is TicketStatus.REJECTED
     assert "cap 3" in (rejected.error or "")
