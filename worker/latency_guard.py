@@ -13,7 +13,7 @@ its limit, so a smaller batch never makes them wait in Redis (capping the whole 
 one overload run). The floor keeps most of the throughput (a quarter of `max_batch`); back at
 normal service the cap is lifted. Off by default (`--slo-guard` turns it on): in the overload
 benchmark it lowered loans' p95 but cost throughput, and their p99 stayed within run-to-run noise
-(`ops/bench/RESULTS.md`).
+(`ops/lab/bench/RESULTS.md`).
 """
 
 from __future__ import annotations

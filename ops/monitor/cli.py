@@ -14,7 +14,7 @@ from ops.monitor.dispatch import ACTIONS_QUEUE, CALLBACKS_QUEUE, JobOptions, rq_
 from ops.monitor.loop import Monitor, MonitorConfig, TickResult
 from ops.monitor.rq_worker import start_worker_process, stop_worker_process, work
 from ops.monitor.scaling import ScalingConfig
-from producer.cli_support import EXIT_BAD_INPUT, fail, load_settings, print_json, redis_failure
+from shared.cli_support import EXIT_BAD_INPUT, fail, load_settings, print_json, redis_failure
 from shared.metrics import build_registry, serve
 from shared.redis_conn import RedisUnavailable, connect, resolve_redis_url
 

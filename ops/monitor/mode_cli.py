@@ -9,7 +9,7 @@ from typing import Any
 import redis
 import typer
 
-from producer.cli_support import load_settings, print_json, redis_failure
+from shared.cli_support import load_settings, print_json, redis_failure
 from shared.control import Mode, read_events, set_mode
 from shared.keys import QueueKeys
 from shared.redis_conn import RedisUnavailable, connect

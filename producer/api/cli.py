@@ -11,7 +11,7 @@ import os
 import typer
 import uvicorn
 
-from producer.cli_support import load_settings
+from shared.cli_support import load_settings
 from shared.redis_conn import RedisUnavailable, resolve_redis_url
 
 app = typer.Typer(add_completion=False)

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from producer.api.keys import ApiKey, ApiKeyError, ApiKeyStore, Role
-from producer.cli_support import EXIT_BAD_INPUT, fail, load_settings, print_json, redis_failure
+from shared.cli_support import EXIT_BAD_INPUT, fail, load_settings, print_json, redis_failure
 from shared.keys import QueueKeys
 from shared.redis_conn import RedisUnavailable, connect
 

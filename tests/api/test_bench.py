@@ -1,4 +1,4 @@
-"""ops/bench/api_rate.py runs end to end (tiny sizes) and reports every figure."""
+"""ops/lab/bench/api_rate.py runs end to end (tiny sizes) and reports every figure."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 from typer.testing import CliRunner
 
-from ops.bench.api_rate import app, roomy_policy_text
+from ops.lab.bench.api_rate import app, roomy_policy_text
 from shared.policy import parse_policy
 
 

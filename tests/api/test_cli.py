@@ -9,7 +9,7 @@ import pytest
 import requests
 from typer.testing import CliRunner
 
-from ops.bench.api_rate import api_process
+from ops.lab.bench.api_rate import api_process
 from tidegate.cli import app
 
 

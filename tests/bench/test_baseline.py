@@ -7,11 +7,11 @@ import time
 
 from redis import Redis
 
-from ops.bench.baseline import BaselineJob, BaselineReply, FifoBaseline
-from ops.bench.baseline_player import BaselinePlayer, SeedClientSettings
-from ops.sim.process import SimulatorProcess
-from ops.traffic.records import OUTCOMES
-from ops.traffic.workload import PlannedArrival
+from ops.lab.bench.baseline import BaselineJob, BaselineReply, FifoBaseline
+from ops.lab.bench.baseline_player import BaselinePlayer, SeedClientSettings
+from ops.lab.sim.process import SimulatorProcess
+from ops.lab.traffic.records import OUTCOMES
+from ops.lab.traffic.workload import PlannedArrival
 from shared.policy import Policy
 
 

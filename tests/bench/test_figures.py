@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from ops.bench.figures import Books, goodput_tokens_per_s, system_figures, type_row
-from ops.traffic.accounting import Ledger
-from ops.traffic.records import TicketRecord
+from ops.lab.bench.figures import Books, goodput_tokens_per_s, system_figures, type_row
+from ops.lab.traffic.accounting import Ledger
+from ops.lab.traffic.records import TicketRecord
 
 
 def record(

@@ -7,12 +7,12 @@ from pathlib import Path
 
 from rich.console import Console
 
-from ops.bench.figures import Books, SystemFigures, system_figures
-from ops.bench.plot import PlotSeries, plot_runs
-from ops.bench.report import comparison_table, verdict_lines
-from ops.bench.timeline import Sample
-from ops.traffic.accounting import Ledger
-from ops.traffic.records import TicketRecord
+from ops.lab.bench.figures import Books, SystemFigures, system_figures
+from ops.lab.bench.plot import PlotSeries, plot_runs
+from ops.lab.bench.report import comparison_table, verdict_lines
+from ops.lab.bench.timeline import Sample
+from ops.lab.traffic.accounting import Ledger
+from ops.lab.traffic.records import TicketRecord
 
 TYPES = ["loan_approval", "complaint"]
 SLO = {"loan_approval": 2.0, "complaint": 10.0}

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from ops.bench.saturation import concurrency_ladder, measure_capacity
-from ops.sim.process import SimulatorProcess
-from ops.traffic.workload import LoadProfile, WorkloadSpec, sample_tickets
+from ops.lab.bench.saturation import concurrency_ladder, measure_capacity
+from ops.lab.sim.process import SimulatorProcess
+from ops.lab.traffic.workload import LoadProfile, WorkloadSpec, sample_tickets
 
 
 def test_the_ladder_spans_the_plateau_below_what_the_cache_holds() -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ops.bench.scenario import OverloadScenario, split_by_branch
-from ops.traffic.workload import plan_arrivals
+from ops.lab.bench.scenario import OverloadScenario, split_by_branch
+from ops.lab.traffic.workload import plan_arrivals
 
 
 def test_bad_values_are_refused_with_the_flag_and_what_is_accepted() -> None:

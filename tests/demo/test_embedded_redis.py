@@ -8,8 +8,8 @@ from typing import cast
 
 import pytest
 
-from ops.embedded_redis import FORCE_ENV, RedisStartError, ensure_redis
-from ops.process_group import group_alive
+from ops.lab.embedded_redis import FORCE_ENV, RedisStartError, ensure_redis
+from ops.lab.procs.process_group import group_alive
 from shared.models import TicketRequest
 from shared.policy import Policy
 from shared.queue import TicketQueue

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from ops.demo.live import ViewState, plain_line, render_live
-from ops.traffic.records import TicketRecord, type_figures
-from ops.traffic.timeseries import AlarmChange, Sample, TimeSeries, WorkerPoint
-from ops.traffic.workload import LoadProfile
+from ops.lab.demo.live import ViewState, plain_line, render_live
+from ops.lab.traffic.records import TicketRecord, type_figures
+from ops.lab.traffic.timeseries import AlarmChange, Sample, TimeSeries, WorkerPoint
+from ops.lab.traffic.workload import LoadProfile
 from shared.policy import Policy
 
 GIB = 1024**3

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from ops.stack import Stack, StackConfig
-from ops.traffic.accounting import check_accounting
-from ops.traffic.player import PlayerSettings, RetryPolicy, TrafficPlayer
-from ops.traffic.timeseries import Recorder
-from ops.traffic.workload import PlannedArrival
+from ops.lab.stack import Stack, StackConfig
+from ops.lab.traffic.accounting import check_accounting
+from ops.lab.traffic.player import PlayerSettings, RetryPolicy, TrafficPlayer
+from ops.lab.traffic.timeseries import Recorder
+from ops.lab.traffic.workload import PlannedArrival
 from shared.control import Mode, set_mode
 from shared.policy import Policy
 from tests.conftest import TEST_REDIS_URL, delete_queue_keys

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import requests
 
-from ops.process_group import group_alive
-from ops.stack import Stack, StackConfig
+from ops.lab.procs.process_group import group_alive
+from ops.lab.stack import Stack, StackConfig
 
 LEFTOVER_WAIT_S = 15.0
 
@@ -73,8 +73,8 @@ def test_stack_serves_a_ticket_and_stops_every_process(
 STACK_SCRIPT = """
 import json, sys, time
 from pathlib import Path
-from ops.stack import Stack, StackConfig
-from ops.stack.children import stop_children_on_sigterm
+from ops.lab.stack import Stack, StackConfig
+from ops.lab.procs.children import stop_children_on_sigterm
 stop_children_on_sigterm()
 stack = Stack(StackConfig(redis_url=sys.argv[1], queue_name=sys.argv[2], run_dir=Path(sys.argv[3]), gpus=1))
 stack.start()  # no `with`, no stop(): only the exit hooks stand between these children and orphanhood

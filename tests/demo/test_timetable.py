@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from ops.traffic.timetable import Timetable
+from ops.lab.traffic.timetable import Timetable
 
 
 def test_items_come_out_by_due_time_then_push_order() -> None:

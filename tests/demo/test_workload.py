@@ -7,11 +7,11 @@ import statistics
 
 import pytest
 
-from ops.sim.config import build_config
-from ops.sim.tokens import count_text_tokens
-from ops.traffic.capacity import estimate_capacity
-from ops.traffic.prompts import prompt_text
-from ops.traffic.workload import (
+from ops.lab.sim.config import build_config
+from ops.lab.sim.tokens import count_text_tokens
+from ops.lab.traffic.capacity import estimate_capacity
+from ops.lab.traffic.prompts import prompt_text
+from ops.lab.traffic.workload import (
     LoadPoint,
     LoadProfile,
     WorkloadError,

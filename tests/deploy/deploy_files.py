@@ -15,10 +15,10 @@ from tidegate.cli import COMMANDS
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO / "docker-compose.yml"
 DOCKERFILE = REPO / "Dockerfile"
-PROMETHEUS_DIR = REPO / "ops" / "prometheus"
-GRAFANA_DIR = REPO / "ops" / "grafana"
-K8S_DIR = REPO / "ops" / "k8s" / "base"
-K8S_SHARED_GPU_DIR = REPO / "ops" / "k8s" / "shared-gpu"
+PROMETHEUS_DIR = REPO / "ops" / "deploy" / "prometheus"
+GRAFANA_DIR = REPO / "ops" / "deploy" / "grafana"
+K8S_DIR = REPO / "ops" / "deploy" / "k8s" / "base"
+K8S_SHARED_GPU_DIR = REPO / "ops" / "deploy" / "k8s" / "shared-gpu"
 ALERT_TESTS = Path(__file__).with_name("prometheus_alerts_test.yml")
 
 CLI_COMMANDS = frozenset(COMMANDS)

@@ -174,11 +174,11 @@ def test_bind_mounts_exist_in_the_repository() -> None:
 
 def test_prometheus_and_grafana_mount_ops_files() -> None:
     services = compose_services()
-    assert "./ops/prometheus:/etc/prometheus:ro" in services["prometheus"]["volumes"]
+    assert "./ops/deploy/prometheus:/etc/prometheus:ro" in services["prometheus"]["volumes"]
     assert "--config.file=/etc/prometheus/prometheus.yml" in services["prometheus"]["command"]
     grafana = services["grafana"]["volumes"]
-    assert "./ops/grafana/provisioning:/etc/grafana/provisioning:ro" in grafana
-    assert "./ops/grafana/dashboards:/etc/grafana/dashboards:ro" in grafana
+    assert "./ops/deploy/grafana/provisioning:/etc/grafana/provisioning:ro" in grafana
+    assert "./ops/deploy/grafana/dashboards:/etc/grafana/dashboards:ro" in grafana
 
 
 def test_workers_are_found_by_prometheus_through_one_alias() -> None:

@@ -127,6 +127,6 @@ def test_panels_use_the_provisioned_datasource() -> None:
 def test_provider_reads_the_mounted_dashboards() -> None:
     (provider,) = load_yaml(GRAFANA_DIR / "provisioning" / "dashboards" / "tidegate.yml")["providers"]
     mounts = dict(volume.split(":")[:2] for volume in compose_services()["grafana"]["volumes"])
-    assert mounts["./ops/grafana/dashboards"] == provider["options"]["path"]
+    assert mounts["./ops/deploy/grafana/dashboards"] == provider["options"]["path"]
     home = compose_services()["grafana"]["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
     assert home == f"{provider['options']['path']}/{DASHBOARD.name}"

@@ -153,7 +153,7 @@ def test_policy_configmap_is_the_default_policy() -> None:
     configmap = resource("ConfigMap", "tidegate-policy")
     shipped = tomllib.loads(configmap["data"]["policy.toml"])
     default = tomllib.loads((REPO / "shared" / "default_policy.toml").read_text(encoding="utf-8"))
-    assert shipped == default, "ops/k8s/configmap-policy.yaml drifted from shared/default_policy.toml"
+    assert shipped == default, "ops/deploy/k8s/configmap-policy.yaml drifted from shared/default_policy.toml"
 
 
 def test_api_service_routes_to_the_api_port() -> None:

@@ -123,7 +123,7 @@ def test_promtool_rule_unit_tests() -> None:
 @needs_promtool
 def test_rule_unit_tests_catch_a_changed_threshold(tmp_path: Path) -> None:
     """The unit tests bite: lowering the yellow threshold makes them fail."""
-    rules_dir = tmp_path / "ops" / "prometheus"
+    rules_dir = tmp_path / "ops" / "deploy" / "prometheus"
     tests_dir = tmp_path / "tests" / "deploy"
     rules_dir.mkdir(parents=True)
     tests_dir.mkdir(parents=True)

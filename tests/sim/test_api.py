@@ -8,9 +8,9 @@ from collections.abc import Iterator
 import pytest
 import requests
 
-from ops.sim.process import SimulatorProcess
-from ops.sim.profiles import A100_7B
-from ops.sim.tokens import count_chat_tokens, count_text_tokens
+from ops.lab.sim.process import SimulatorProcess
+from ops.lab.sim.profiles import A100_7B
+from ops.lab.sim.tokens import count_chat_tokens, count_text_tokens
 from tests.sim.conftest import complete, metric, scrape, token_ids
 
 MAX_MODEL_LEN = 2048
@@ -50,7 +50,7 @@ def test_completion_counts_token_ids_exactly_and_honours_max_tokens(sim: Simulat
     assert response.status_code == 200
     body = response.json()
     assert body["id"] == "cmpl-branch-17-ticket-9"
-    assert "x-request-id" not in response.headers  # vLLM does not echo it (ops/vllm_cpu/OBSERVED.md)
+    assert "x-request-id" not in response.headers  # vLLM does not echo it (ops/lab/vllm_cpu/OBSERVED.md)
     assert body["object"] == "text_completion" and body["model"] == A100_7B.model
     assert isinstance(body["created"], int)
     choice = body["choices"][0]
@@ -300,7 +300,7 @@ def test_bad_requests_get_the_errors_vllm_sends(
     param: str | None,
     message: str,
 ) -> None:
-    """The bodies recorded from real vLLM in ops/vllm_cpu/observed-http.md."""
+    """The bodies recorded from real vLLM in ops/lab/vllm_cpu/observed-http.md."""
     response = requests.post(f"{sim.base_url}{path}", json=body, timeout=30)
     assert response.status_code == status
     error = response.json()["error"]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import pytest
 import requests
 
-from ops.sim.process import InProcessSimulator
+from ops.lab.sim.process import InProcessSimulator
 from worker.gpu_memory import (
     GpuBackendError,
     GpuMemory,

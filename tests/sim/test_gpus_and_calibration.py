@@ -7,8 +7,8 @@ from collections.abc import Iterator
 import pytest
 import requests
 
-from ops.sim.process import SimulatorProcess
-from ops.sim.profiles import A100_7B
+from ops.lab.sim.process import SimulatorProcess
+from ops.lab.sim.profiles import A100_7B
 from tests.sim.conftest import complete, metric, scrape, token_ids, wait_until
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import requests
 
-from ops.sim.process import SimulatorProcess
+from ops.lab.sim.process import SimulatorProcess
 from tests.sim.conftest import metric, token_ids, wait_until
 
 # 40 blocks hold 640 tokens; each request grows to 100 + 400 = 500 tokens (32 blocks), so any two

@@ -10,7 +10,7 @@ from functools import partial
 import pytest
 import requests
 
-from ops.sim.process import SimulatorProcess
+from ops.lab.sim.process import SimulatorProcess
 from tests.sim.conftest import metric, token_ids, wait_until
 
 
@@ -74,7 +74,7 @@ def test_a_plain_request_is_aborted_when_its_client_disconnects(slow_sim: Simula
     assert metric(slow_sim.base_url, "vllm:kv_cache_usage_perc") == 0.0
     assert metric(slow_sim.base_url, "vllm:num_requests_running") == 0
     assert metric(slow_sim.base_url, "tidegate_sim_aborted_requests_total") == aborts_before + 1
-    # vLLM 0.32 does not count an aborted request as finished "abort" (ops/vllm_cpu/OBSERVED.md).
+    # vLLM 0.32 does not count an aborted request as finished "abort" (ops/lab/vllm_cpu/OBSERVED.md).
     assert metric(slow_sim.base_url, "vllm:request_success_total", finished_reason="abort") == 0
     assert "Aborted request cmpl-gone-plain on GPU 0 (client disconnected)" in slow_sim.log_text()
 

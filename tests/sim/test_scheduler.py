@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from ops.sim.config import SimConfig, build_config
-from ops.sim.scheduler import KvCacheExhausted, Scheduler, Seq, SeqState
-from ops.sim.stats import EngineStats
+from ops.lab.sim.config import SimConfig, build_config
+from ops.lab.sim.scheduler import KvCacheExhausted, Scheduler, Seq, SeqState
+from ops.lab.sim.stats import EngineStats
 
 
 def make_seq(index: int, prompt: int, output: int, *, priority: int = 0, arrival: float = 0.0) -> Seq:

@@ -93,7 +93,7 @@ def test_default_policy_reproduces_contract_table(policy: Policy) -> None:
 
 def test_default_caps_keep_types_admitted_at_orange_below_red(policy: Policy) -> None:
     """A non-critical type still admitted at orange must not fill the queue past red on its own:
-    red would then drain the queue empty and orange refill it, cycling (ops/bench/RESULTS.md)."""
+    red would then drain the queue empty and orange refill it, cycling (ops/lab/bench/RESULTS.md)."""
     admitted_at_orange = {
         name: t.cap for name, t in policy.types.items() if not t.critical and t.orange_action != "shed"
     }

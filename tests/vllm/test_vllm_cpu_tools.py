@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from ops.stack.ports import free_port
-from ops.vllm_cpu import paths
-from ops.vllm_cpu.calibrate import fit_line
-from ops.vllm_cpu.compare import workload
-from ops.vllm_cpu.server import VllmCpuServer, VllmStartError
+from ops.lab.procs.ports import free_port
+from ops.lab.vllm_cpu import paths
+from ops.lab.vllm_cpu.calibrate import fit_line
+from ops.lab.vllm_cpu.compare import workload
+from ops.lab.vllm_cpu.server import VllmCpuServer, VllmStartError
 
 
 @pytest.fixture

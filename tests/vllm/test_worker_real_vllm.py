@@ -24,9 +24,9 @@ import pytest
 import requests
 from redis import Redis
 
-from ops.stack.ports import free_port
-from ops.vllm_cpu.paths import REQUIRE_ENV, model_dir, vllm_available, vllm_required
-from ops.vllm_cpu.server import VllmCpuServer
+from ops.lab.procs.ports import free_port
+from ops.lab.vllm_cpu.paths import REQUIRE_ENV, model_dir, vllm_available, vllm_required
+from ops.lab.vllm_cpu.server import VllmCpuServer
 from producer.producer import Producer
 from shared.models import TicketStatus
 from shared.queue import TicketQueue

@@ -20,7 +20,7 @@ import pytest
 import requests
 from redis import Redis
 
-from ops.sim.process import SimulatorProcess
+from ops.lab.sim.process import SimulatorProcess
 from shared.policy import Policy, default_policy_text, parse_policy
 from shared.queue import TicketQueue
 from worker.config import WorkerConfig

@@ -9,7 +9,7 @@ from typing import cast
 import requests
 from redis import Redis
 
-from ops.sim.process import SimulatorProcess
+from ops.lab.sim.process import SimulatorProcess
 from shared.keys import QueueKeys
 from tests.worker.conftest import RunningWorker, sim_metric, wait_for
 

@@ -15,7 +15,7 @@ import pytest
 from redis import Redis
 from typer.testing import CliRunner, Result
 
-from ops.sim.process import SimulatorProcess
+from ops.lab.sim.process import SimulatorProcess
 from shared.keys import QueueKeys
 from shared.models import TicketStatus
 from shared.queue import TicketQueue

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from ops.sim.process import SimulatorProcess
+from ops.lab.sim.process import SimulatorProcess
 from shared import clock
 from shared.policy import load_policy
 from shared.queue import TicketQueue

@@ -6,7 +6,7 @@ import itertools
 import time
 from collections.abc import Callable
 
-from ops.sim.process import SimulatorProcess
+from ops.lab.sim.process import SimulatorProcess
 from shared.models import TicketStatus
 from shared.queue import TicketQueue
 from tests.worker.conftest import RunningWorker, wait_for

@@ -10,7 +10,7 @@ from typing import cast
 
 from redis import Redis
 
-from ops.sim.process import SimulatorProcess
+from ops.lab.sim.process import SimulatorProcess
 from shared.models import TicketStatus
 from shared.queue import TicketQueue
 from tests.worker.conftest import sim_metric, wait_for

@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from ops.sim.process import SimulatorProcess
+from ops.lab.sim.process import SimulatorProcess
 from shared import clock
 from shared.models import ChatMessage, Ticket, TicketStatus
 from tests.worker.conftest import sim_metric, wait_for

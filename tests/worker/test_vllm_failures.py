@@ -9,7 +9,7 @@ import requests
 from prometheus_client import REGISTRY
 from redis import Redis
 
-from ops.sim.process import SimulatorProcess
+from ops.lab.sim.process import SimulatorProcess
 from shared.models import TicketStatus
 from shared.policy import Policy
 from shared.queue import TicketQueue

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import pytest
 import requests
 
-from ops.sim.process import SimulatorProcess
+from ops.lab.sim.process import SimulatorProcess
 from worker.vllm_metrics import VllmMetricsError, parse_metrics, scrape
 
 # The shape vLLM 0.11 exports with two data-parallel engines (trimmed to the series the worker reads).

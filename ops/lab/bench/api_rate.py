@@ -1,0 +1,293 @@
+"""API accept rate beside the direct Python producer, and how fast a 429 is answered.
+
+    python -m ops.lab.bench.api_rate --runs 3 --seconds 5 --threads 16 --workers 2
+
+Each run starts `tidegate api --workers N` on a free port against its own queue, with a policy
+whose caps and alarm thresholds are out of reach so admission always admits (the figure is the
+HTTP path's speed, not the shedding). Then, in the same run and on the same Redis:
+- accept rate: threads with keep-alive sessions POST loan approvals to /v1/tickets for `seconds`;
+- direct rate: the same threads call `Producer.submit` in this process for `seconds`;
+- 429 time: the red alarm is published (refreshed as the monitor would) and complaints are POSTed,
+  first by one client alone (the answer's own time), then by all threads at once (time under load);
+  each shed answer's round trip is timed on the client.
+Medians over runs are printed; every run's figures are kept in the JSON output.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import typer
+from redis import Redis
+
+from ops.lab.procs.ports import free_port, http_ok
+from producer.api.keys import ApiKeyStore, Role
+from producer.producer import Producer
+from shared.keys import QueueKeys
+from shared.policy import default_policy_text, parse_policy
+from shared.redis_conn import make_client, resolve_redis_url
+
+app = typer.Typer(add_completion=False)
+
+OUT_OF_REACH = 100_000_000
+START_TIMEOUT_S = 30.0
+LOAN = {"type": "loan_approval", "prompt": "Approve a 20k loan for client 991?", "urgent_level": 2}
+COMPLAINT = {"type": "complaint", "prompt": "My card was charged twice."}
+PATH = "/v1/tickets"
+
+
+def roomy_policy_text() -> str:
+    """The default policy with caps and alarm thresholds no run reaches."""
+    text = re.sub(r"(?m)^cap = \d+", f"cap = {OUT_OF_REACH}", default_policy_text())
+    for level, factor in (("yellow", 1), ("orange", 2), ("red", 3)):
+        text = re.sub(rf"(?m)^{level} = \d+", f"{level} = {OUT_OF_REACH * factor}", text)
+    return text
+
+
+@dataclass(frozen=True)
+class RunFigures:
+    api_accepts_per_s: float
+    direct_accepts_per_s: float
+    api_accept_p50_ms: float
+    api_accept_p99_ms: float
+    shed_alone_p50_ms: float
+    shed_alone_p99_ms: float
+    shed_p50_ms: float
+    shed_p99_ms: float
+    shed_answers: int
+    api_errors: int
+
+
+@contextmanager
+def api_process(env: Mapping[str, str], workers: int) -> Iterator[str]:
+    """`tidegate api --workers N` as a child process with `env` added to ours; its base URL once
+    /healthz answers. The console script beside this Python, so a venv's own install is what runs."""
+    port = free_port()
+    tidegate = str(Path(sys.executable).with_name("tidegate"))
+    command = [tidegate, "api", "--port", str(port), "--workers", str(workers)]
+    command += ["--no-access-log", "--log-level", "warning"]
+    process = subprocess.Popen(
+        command, env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not http_ok(base_url + "/healthz"):
+            if process.poll() is not None or time.monotonic() > deadline:
+                error = process.stderr.read() if process.stderr else ""
+                raise RuntimeError(f"`tidegate api` did not start on port {port}: {error}")
+            time.sleep(0.1)
+        yield base_url
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def _hammer(
+    threads: int, seconds: float, call: Callable[[int], tuple[bool, float]]
+) -> tuple[int, int, list[float]]:
+    """Run `call(thread_index)` in a loop on `threads` threads: (successes, failures, latencies of successes)."""
+    stop = time.monotonic() + seconds
+    lock = threading.Lock()
+    ok = 0
+    failed = 0
+    latencies: list[float] = []
+
+    def loop(index: int) -> None:
+        nonlocal ok, failed
+        mine: list[float] = []
+        bad = 0
+        while time.monotonic() < stop:
+            success, elapsed = call(index)
+            if success:
+                mine.append(elapsed)
+            else:
+                bad += 1
+        with lock:
+            ok += len(mine)
+            failed += bad
+            latencies.extend(mine)
+
+    workers = [threading.Thread(target=loop, args=(i,)) for i in range(threads)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
+    return ok, failed, latencies
+
+
+class KeepAliveClient:
+    """One persistent HTTP/1.1 connection with pre-encoded bodies: a load generator light enough that
+    the API, not the client, is what is measured on a small machine (`requests` costs several times
+    more CPU per call)."""
+
+    def __init__(self, base_url: str, token: str) -> None:
+        parts = urlsplit(base_url)
+        self.connection = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=10)
+        self.headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+
+    def post(self, path: str, body: bytes, expect: int) -> tuple[bool, float]:
+        started = time.perf_counter()
+        try:
+            status = self._post(path, body)
+        except (BrokenPipeError, ConnectionResetError, http.client.RemoteDisconnected):
+            # The server closes connections idle past its keep-alive timeout (between phases).
+            self.connection.close()
+            started = time.perf_counter()
+            status = self._post(path, body)
+        return status == expect, time.perf_counter() - started
+
+    def _post(self, path: str, body: bytes) -> int:
+        self.connection.request("POST", path, body=body, headers=self.headers)
+        response = self.connection.getresponse()
+        response.read()
+        return response.status
+
+    def close(self) -> None:
+        self.connection.close()
+
+
+def _percentile_ms(values: list[float], q: int) -> float:
+    if len(values) < 2:
+        return values[0] * 1000 if values else 0.0
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1] * 1000
+
+
+def _keep_red(redis: Redis, keys: QueueKeys, stop: threading.Event) -> None:
+    """Publish the red alarm as a live monitor would: refreshed well inside its 5 s freshness window."""
+    while not stop.is_set():
+        now = time.time()
+        redis.hset(keys.alarm, mapping={"level": "red", "since": now, "depth": 0, "updated_at": now})
+        redis.hset(keys.monitor_state, mapping={"drain_rate": 100.0, "updated_at": now})
+        stop.wait(1.0)
+
+
+def delete_queue(redis: Redis, queue: str) -> None:
+    pattern = QueueKeys(queue).prefix.replace("{", "\\{").replace("}", "\\}") + "*"
+    batch: list[str] = []
+    for key in redis.scan_iter(match=pattern, count=1000):
+        batch.append(key)
+        if len(batch) >= 1000:
+            redis.delete(*batch)
+            batch = []
+    if batch:
+        redis.delete(*batch)
+
+
+def one_run(redis_url: str, threads: int, seconds: float, workers: int) -> RunFigures:
+    queue = f"bench-api-{uuid.uuid4().hex[:10]}"
+    keys = QueueKeys(queue)
+    redis = make_client(redis_url)
+    with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as policy_file:
+        policy_file.write(roomy_policy_text())
+    policy = parse_policy(roomy_policy_text(), policy_file.name)
+    try:
+        token, _ = ApiKeyStore(redis, keys).create(Role.BRANCH, "0412", "bench")
+        env = {
+            "TIDEGATE_REDIS_URL": redis_url,
+            "TIDEGATE_QUEUE_NAME": queue,
+            "TIDEGATE_POLICY_FILE": policy_file.name,
+        }
+        with api_process(env, workers) as base_url:
+            clients = [KeepAliveClient(base_url, token) for _ in range(threads)]
+            loan, complaint = json.dumps(LOAN).encode(), json.dumps(COMPLAINT).encode()
+            _hammer(threads, 1.0, lambda i: clients[i].post(PATH, loan, 202))  # warm up
+            accepted, api_errors, accept_latencies = _hammer(
+                threads, seconds, lambda i: clients[i].post(PATH, loan, 202)
+            )
+
+            producer = Producer(redis, policy, queue)
+            request = producer.validate({**LOAN, "branch_id": "0412"})
+
+            def direct(_: int) -> tuple[bool, float]:
+                started = time.perf_counter()
+                return producer.submit(request).outcome == "queued", time.perf_counter() - started
+
+            direct_ok, _, _ = _hammer(threads, seconds, direct)
+
+            stop = threading.Event()
+            refresher = threading.Thread(target=_keep_red, args=(redis, keys, stop), daemon=True)
+            refresher.start()
+            time.sleep(0.5)  # past the API's 0.25 s admission cache
+            try:
+                _, _, alone_latencies = _hammer(
+                    1, seconds / 2, lambda i: clients[i].post(PATH, complaint, 429)
+                )
+                shed, _, shed_latencies = _hammer(
+                    threads, seconds, lambda i: clients[i].post(PATH, complaint, 429)
+                )
+            finally:
+                stop.set()
+                refresher.join()
+            for client in clients:
+                client.close()
+        return RunFigures(
+            api_accepts_per_s=accepted / seconds,
+            direct_accepts_per_s=direct_ok / seconds,
+            api_accept_p50_ms=_percentile_ms(accept_latencies, 50),
+            api_accept_p99_ms=_percentile_ms(accept_latencies, 99),
+            shed_alone_p50_ms=_percentile_ms(alone_latencies, 50),
+            shed_alone_p99_ms=_percentile_ms(alone_latencies, 99),
+            shed_p50_ms=_percentile_ms(shed_latencies, 50),
+            shed_p99_ms=_percentile_ms(shed_latencies, 99),
+            shed_answers=shed,
+            api_errors=api_errors,
+        )
+    finally:
+        delete_queue(redis, queue)
+        redis.close()
+        Path(policy_file.name).unlink(missing_ok=True)
+
+
+@app.command()
+def main(
+    runs: int = typer.Option(3, "--runs", min=1, help="runs; medians are reported"),
+    seconds: float = typer.Option(5.0, "--seconds", min=0.5, help="length of each measured phase"),
+    threads: int = typer.Option(16, "--threads", min=1, help="client threads (one keep-alive session each)"),
+    workers: int = typer.Option(2, "--workers", min=1, help="uvicorn worker processes"),
+    redis_url: str | None = typer.Option(None, "--redis-url", help="default: TIDEGATE_REDIS_URL or local"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON document"),
+) -> None:
+    """Accept rate through HTTP beside the direct Python producer, and the p99 time of a 429."""
+    url = resolve_redis_url(redis_url or os.environ.get("TIDEGATE_REDIS_URL"))
+    figures = [one_run(url, threads, seconds, workers) for _ in range(runs)]
+    medians = {name: statistics.median(getattr(f, name) for f in figures) for name in asdict(figures[0])}
+    doc = {
+        "runs": runs,
+        "seconds": seconds,
+        "threads": threads,
+        "uvicorn_workers": workers,
+        "cpus": os.cpu_count(),
+        "median": medians,
+        "each_run": [asdict(f) for f in figures],
+    }
+    if as_json:
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+        return
+    typer.echo(
+        f"median of {runs} runs, {threads} threads, {workers} uvicorn workers, {os.cpu_count()} CPUs:\n"
+        f"  HTTP API accepts     {medians['api_accepts_per_s']:8.0f} tickets/s "
+        f"(p50 {medians['api_accept_p50_ms']:.1f} ms, p99 {medians['api_accept_p99_ms']:.1f} ms)\n"
+        f"  Python producer      {medians['direct_accepts_per_s']:8.0f} tickets/s\n"
+        f"  429, one client      p50 {medians['shed_alone_p50_ms']:.1f} ms, p99 {medians['shed_alone_p99_ms']:.1f} ms\n"
+        f"  429, {threads:2d} clients     p50 {medians['shed_p50_ms']:.1f} ms, p99 {medians['shed_p99_ms']:.1f} ms"
+    )
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,172 @@
+"""`tidegate bench queue` and `tidegate bench overload`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from shared.cli_support import fail, load_settings, print_json
+from shared.redis_conn import RedisUnavailable, resolve_redis_url
+
+app = typer.Typer(add_completion=False, help="Benchmarks: overload scenario and queue speed.")
+
+
+@app.callback()
+def bench() -> None:
+    """Benchmarks: overload scenario and queue speed."""
+
+
+@app.command("queue")
+def queue_command(
+    quick: bool = typer.Option(False, "--quick", help="smaller sizes (about 30 s)"),
+    repeat: int = typer.Option(3, "--repeat", min=1, help="runs per figure; medians are reported"),
+    output: Path | None = typer.Option(None, "--output", help="write the JSON result here too"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Enqueue and pop→ack throughput beside raw Redis and RQ, measured in the same run."""
+    from ops.lab.bench.queue_bench import QueueBench, Sizes, ratios
+
+    settings = load_settings()
+    try:
+        url = resolve_redis_url(settings.redis_url)
+    except RedisUnavailable as exc:
+        fail(str(exc))
+    result = QueueBench(url, Sizes.quick() if quick else Sizes(), repeat).run_all()
+    doc = {
+        "redis_url": url,
+        "repeat": repeat,
+        "rates_per_second": result.rates,
+        "runs": result.runs,
+        "latency_ms": result.latency_ms,
+        "ratios": ratios(result),
+    }
+    if output:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(json.dumps(doc, indent=2))
+    if as_json:
+        print_json(doc)
+        return
+    console = Console()
+    table = Table("operation", "per second (median)", "runs", title=f"queue speed, median of {repeat}")
+    for name, rate in result.rates.items():
+        table.add_row(name, f"{rate:,.0f}", " ".join(f"{r:,.0f}" for r in result.runs[name]))
+    console.print(table)
+    lat = Table("latency at low load", "ms")
+    for name, value in result.latency_ms.items():
+        lat.add_row(name, f"{value:.2f}")
+    console.print(lat)
+    rat = Table("ratio", "value")
+    for name, value in ratios(result).items():
+        rat.add_row(name, f"{value:.2f}")
+    console.print(rat)
+
+
+def _parse_mix(text: str, known: list[str]) -> dict[str, float]:
+    """`loan_approval=0.2,complaint=0.5,archive_query=0.3` -> weights by type."""
+    mix: dict[str, float] = {}
+    for part in filter(None, (piece.strip() for piece in text.split(","))):
+        name, sep, weight = part.partition("=")
+        if not sep or name not in known:
+            fail(f"--mix {text!r}: {part!r} is not TYPE=WEIGHT with TYPE one of {', '.join(known)}", 2)
+        try:
+            mix[name] = float(weight)
+        except ValueError:
+            fail(f"--mix {text!r}: the weight of {name} ({weight!r}) is not a number", 2)
+    if not mix or any(w < 0 for w in mix.values()) or sum(mix.values()) <= 0:
+        fail(f"--mix {text!r} is not accepted; give weights of 0 or more with a positive sum", 2)
+    return mix
+
+
+@app.command("overload")
+def overload_command(
+    quick: bool = typer.Option(False, "--quick", help="a 30 s surge (about 2 minutes in all), for CI"),
+    duration: float | None = typer.Option(None, "--duration", help="seconds of offered load [240; quick 30]"),
+    surge: float = typer.Option(2.5, "--surge", help="peak offered load, a fraction of capacity"),
+    normal: float = typer.Option(0.6, "--normal", help="offered load before and after the surge"),
+    mix: str = typer.Option(
+        "loan_approval=0.2,complaint=0.5,archive_query=0.3", "--mix", help="ticket types and their weights"
+    ),
+    branches: int = typer.Option(200, "--branches", help="branch offices sending tickets"),
+    gpus: int = typer.Option(1, "--gpus", help="simulated GPUs (one worker each; as many for the baseline)"),
+    time_scale: float = typer.Option(4.0, "--time-scale", help="simulated GPU speed, times real time"),
+    kv_blocks: int = typer.Option(2000, "--kv-blocks", help="KV-cache blocks (16 tokens) per GPU"),
+    baseline_concurrency: int = typer.Option(
+        24, "--baseline-concurrency", help="the FIFO baseline's fixed requests in flight per GPU"
+    ),
+    honour_retry_after: float = typer.Option(
+        0.5, "--honour-retry-after", help="share of branches honouring Retry-After (others retry after 1 s)"
+    ),
+    seed: int = typer.Option(7, "--seed", help="workload seed"),
+    results_dir: Path | None = typer.Option(
+        None, "--results-dir", help="where results go [results/bench-overload/<time>]"
+    ),
+    as_json: bool = typer.Option(False, "--json", help="print results.json's summary instead of the table"),
+) -> None:
+    """tidegate and a plain FIFO baseline under the same seeded overload, side by side."""
+    import time as _time
+
+    from ops.lab.bench.overload import OverloadBench
+    from ops.lab.bench.report import print_result
+    from ops.lab.bench.scenario import OverloadScenario
+    from ops.lab.bench.systems import OverloadError
+    from ops.lab.embedded_redis import RedisStartError, ensure_redis
+    from ops.lab.procs.children import ChildError, stop_children_on_sigterm
+
+    settings = load_settings()
+    policy = settings.policy
+    values: dict[str, Any] = {
+        "surge_load": surge,
+        "normal_load": normal,
+        "mix": _parse_mix(mix, list(policy.type_names)),
+        "branches": branches,
+        "gpus": gpus,
+        "time_scale": time_scale,
+        "kv_blocks": kv_blocks,
+        "baseline_concurrency": baseline_concurrency,
+        "honour_retry_after": honour_retry_after,
+        "seed": seed,
+    }
+    if duration is not None:
+        values["duration_s"] = duration
+    try:
+        scenario = OverloadScenario.quick(**values) if quick else OverloadScenario(**values)
+    except ValueError as exc:
+        fail(str(exc), 2)
+    folder = results_dir or Path("results") / "bench-overload" / _time.strftime("%Y%m%d-%H%M%S")
+    errors = Console(stderr=True)
+    began = _time.monotonic()
+    stop_children_on_sigterm()
+    try:
+        redis = ensure_redis(settings.redis_url, run_dir=folder / "redis")
+    except RedisStartError as exc:
+        fail(str(exc))
+    errors.print(f"Redis: {redis.describe()}; results in {folder}", highlight=False)
+    command = "tidegate bench overload" + (" --quick" if quick else "")
+    bench = OverloadBench(
+        scenario,
+        redis.url,
+        policy,
+        folder,
+        redis_shared=redis.shared,
+        progress=lambda line: errors.print(f"[{_time.monotonic() - began:5.0f} s] {line}", highlight=False),
+        command=command,
+    )
+    try:
+        result = bench.run()
+    except (OverloadError, ChildError) as exc:
+        fail(str(exc))
+    finally:
+        redis.stop()
+    if as_json:
+        document = {k: v for k, v in result.document.items() if k != "timelines"}
+        print_json(document | {"results_dir": str(result.results_dir)})
+    else:
+        console = Console()
+        print_result(console if console.is_terminal else Console(width=150), result)
+    if not result.accounting_holds:
+        raise typer.Exit(1)

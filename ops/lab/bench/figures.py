@@ -1,0 +1,181 @@
+"""The overload benchmark's figures for one system, from what its branches saw and what its GPUs did.
+
+Latency is the branch's view: first submission to the answer, retries and Retry-After waits included,
+so a system cannot look fast by shedding a request and serving its third attempt. A request's outcome
+is its final one (`rejected` = its branch gave up after 429s); submissions are counted apart, each
+ending in exactly one outcome, which is the accounting the benchmark checks.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+
+from ops.lab.traffic.accounting import AccountingCheck, Ledger
+from ops.lab.traffic.records import OUTCOMES, TicketRecord, percentile
+
+
+@dataclass(frozen=True)
+class TypeRow:
+    """One ticket type (or all of them) on one system."""
+
+    type: str
+    offered: int
+    done: int
+    within_slo: int
+    rejected: int
+    expired: int
+    failed: int
+    cancelled: int
+    errors: int
+    """Requests whose client failed itself (no answer from the API at all)."""
+    p50_s: float | None
+    p95_s: float | None
+    p99_s: float | None
+    submissions: int
+    retries: int
+    slo_seconds: float | None
+
+
+def _latencies(records: Iterable[TicketRecord]) -> list[float]:
+    return [
+        r.finished_at - r.first_submit_at
+        for r in records
+        if r.outcome == "done" and r.finished_at is not None and r.first_submit_at is not None
+    ]
+
+
+def type_row(name: str, records: Sequence[TicketRecord], slo_seconds: float | None) -> TypeRow:
+    outcomes = Counter(r.outcome or "open" for r in records)
+    latencies = _latencies(records)
+    within = sum(1 for value in latencies if slo_seconds is not None and value <= slo_seconds)
+    if slo_seconds is None:  # the "all types" row: each request against its own type's SLO
+        within = sum(
+            1
+            for r in records
+            if r.outcome == "done"
+            and r.finished_at is not None
+            and r.first_submit_at is not None
+            and r.finished_at - r.first_submit_at <= r.slo_seconds
+        )
+    return TypeRow(
+        type=name,
+        offered=len(records),
+        done=outcomes["done"],
+        within_slo=within,
+        rejected=outcomes["rejected"],
+        expired=outcomes["expired"],
+        failed=outcomes["failed"],
+        cancelled=outcomes["cancelled"],
+        errors=outcomes["error"],
+        p50_s=_round(percentile(latencies, 50)),
+        p95_s=_round(percentile(latencies, 95)),
+        p99_s=_round(percentile(latencies, 99)),
+        submissions=sum(r.submissions for r in records),
+        retries=sum(r.retries for r in records),
+        slo_seconds=slo_seconds,
+    )
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+@dataclass(frozen=True)
+class Books:
+    """Whether every submission ended in exactly one outcome: done + rejected + expired + cancelled +
+    failed = submitted, per type, by every ledger the system keeps."""
+
+    holds: bool
+    line: str
+    by_type: dict[str, dict[str, int]]
+    """type -> {"submitted": n, "done": n, ...}, from the first ledger (the server's when it keeps one)."""
+
+    @classmethod
+    def from_check(cls, check: AccountingCheck) -> Books:
+        """tidegate: Redis's counters and the branches' records, which must also agree."""
+        return cls(check.holds, check.line(), check.redis.by_type)
+
+    @classmethod
+    def from_ledger(cls, ledger: Ledger, records: Sequence[TicketRecord]) -> Books:
+        """A system that keeps no counts of its own: the branches' ledger alone must balance."""
+        problems = [f"{t} does not balance" for t in ledger.unbalanced()]
+        unfinished = sum(1 for r in records if r.outcome not in OUTCOMES)
+        if unfinished:
+            problems.append(f"{unfinished} requests have no final outcome")
+        formula = "done + rejected + expired + cancelled + failed = submitted"
+        figures = f"branches {ledger.ended()} = {ledger.submitted()}"
+        if problems:
+            line = f"accounting: {formula}: DOES NOT HOLD ({figures}): " + "; ".join(problems)
+        else:
+            line = f"accounting: {formula}: holds ({figures}, per type too)"
+        return cls(not problems, line, ledger.by_type)
+
+
+def goodput_tokens_per_s(
+    records: Sequence[TicketRecord],
+    tokens_by_index: Mapping[int, int],
+    window: tuple[float, float],
+) -> float:
+    """Tokens (prompt + completion) of requests answered inside `window` (unix seconds), per second."""
+    start, end = window
+    if end <= start:
+        raise ValueError(f"window={window} is empty; its end must come after its start")
+    total = sum(
+        tokens_by_index.get(r.index, 0)
+        for r in records
+        if r.outcome == "done" and r.finished_at is not None and start <= r.finished_at < end
+    )
+    return total / (end - start)
+
+
+@dataclass(frozen=True)
+class SystemFigures:
+    """Everything the report shows for one system."""
+
+    name: str
+    rows: dict[str, TypeRow]
+    """Per type, plus "all"."""
+    oom_crashes: int
+    preemptions: int
+    retries: int
+    goodput_tokens_per_s: float
+    busy_fraction: float | None
+    books: Books
+    cpu_cores: dict[str, float]
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def system_figures(
+    name: str,
+    types: Sequence[str],
+    slo_by_type: Mapping[str, float],
+    records: Sequence[TicketRecord],
+    *,
+    books: Books,
+    oom_crashes: int,
+    preemptions: int,
+    goodput_tokens_per_s: float,
+    capacity_tokens_per_s: float,
+    cpu_cores: Mapping[str, float],
+    notes: Sequence[str] = (),
+) -> SystemFigures:
+    rows = {t: type_row(t, [r for r in records if r.type == t], slo_by_type[t]) for t in types}
+    rows["all"] = type_row("all", records, None)
+    busy = goodput_tokens_per_s / capacity_tokens_per_s if capacity_tokens_per_s > 0 else None
+    return SystemFigures(
+        name=name,
+        rows=rows,
+        oom_crashes=oom_crashes,
+        preemptions=preemptions,
+        retries=rows["all"].retries,
+        goodput_tokens_per_s=round(goodput_tokens_per_s, 1),
+        busy_fraction=None if busy is None else round(busy, 4),
+        books=books,
+        cpu_cores=dict(cpu_cores),
+        notes=tuple(notes),
+    )

@@ -1,0 +1,117 @@
+"""The overload benchmark's table: both systems side by side, per ticket type, then overall figures."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+from rich.table import Table
+
+from ops.lab.bench.figures import SystemFigures, TypeRow
+
+if TYPE_CHECKING:
+    from ops.lab.bench.overload import OverloadResult
+
+SHORT_TYPE = {"loan_approval": "loan", "complaint": "complaint", "archive_query": "archive", "all": "all"}
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _count_of(row: TypeRow, attribute: str) -> str:
+    return str(getattr(row, attribute))
+
+
+def _within(row: TypeRow) -> str:
+    share = f" ({row.within_slo / row.offered:.0%})" if row.offered else ""
+    return f"{row.within_slo}{share}"
+
+
+ROW_METRICS: tuple[tuple[str, Callable[[TypeRow], str]], ...] = (
+    ("offered", lambda r: _count_of(r, "offered")),
+    ("done", lambda r: _count_of(r, "done")),
+    ("done within SLO", _within),
+    ("rejected", lambda r: _count_of(r, "rejected")),
+    ("expired", lambda r: _count_of(r, "expired")),
+    ("failed", lambda r: _count_of(r, "failed")),
+    ("cancelled", lambda r: _count_of(r, "cancelled")),
+    ("latency p50 s", lambda r: _seconds(r.p50_s)),
+    ("latency p95 s", lambda r: _seconds(r.p95_s)),
+    ("latency p99 s", lambda r: _seconds(r.p99_s)),
+    ("submissions", lambda r: _count_of(r, "submissions")),
+)
+
+
+def _fraction(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
+
+
+OVERALL_METRICS: tuple[tuple[str, Callable[[SystemFigures], str]], ...] = (
+    ("OOM crashes", lambda s: str(s.oom_crashes)),
+    ("busy in the surge", lambda s: _fraction(s.busy_fraction)),
+    ("goodput, tokens/s", lambda s: f"{s.goodput_tokens_per_s:,.0f}"),
+    ("retries sent", lambda s: str(s.retries)),
+    ("preemptions", lambda s: str(s.preemptions)),
+    ("accounting", lambda s: "holds" if s.books.holds else "BROKEN"),
+)
+
+
+def comparison_table(systems: Sequence[SystemFigures], types: Sequence[str], title: str) -> Table:
+    """Metrics down, (type, system) across; overall figures in the "all" columns."""
+    columns = [*types, "all"]
+    caption = (
+        "latency: a branch's first submission to its answer (retries included); rejected: the branch gave "
+        "up after 429s; busy: goodput (tokens of answered requests) in the surge ÷ measured capacity"
+    )
+    table = Table(title=title, caption=caption, show_lines=False)
+    table.add_column("metric")
+    for ticket_type in columns:
+        for system in systems:
+            table.add_column(f"{SHORT_TYPE.get(ticket_type, ticket_type)}\n{system.name}", justify="right")
+    slo_cells = []
+    for ticket_type in columns:
+        for system in systems:
+            slo = system.rows[ticket_type].slo_seconds
+            slo_cells.append("-" if slo is None else f"{slo:g}")
+    table.add_row("SLO s", *slo_cells, style="dim")
+    for label, cell in ROW_METRICS:
+        table.add_row(label, *(cell(system.rows[t]) for t in columns for system in systems))
+    table.add_section()
+    blank = [""] * (len(types) * len(systems))
+    for label, overall in OVERALL_METRICS:
+        table.add_row(label, *blank, *(overall(system) for system in systems))
+    return table
+
+
+def verdict_lines(verdict: Mapping[str, Mapping[str, bool]]) -> list[str]:
+    """One line per check of the issue's "done when", marked ok or SHORT."""
+    return [
+        f"{'ok   ' if passed else 'SHORT'} {system}: {check}"
+        for system, checks in verdict.items()
+        for check, passed in checks.items()
+    ]
+
+
+def print_result(console: Console, result: OverloadResult) -> None:
+    """The table, the accounting lines, the verdict and where the files are."""
+    s = result.scenario
+    title = (
+        f"overload: {s.normal_load:.0%} -> {s.surge_load:.0%} -> {s.normal_load:.0%} of capacity over "
+        f"{s.duration_s:.0f} s, {s.gpus} simulated GPU(s) in crash-on-OOM mode"
+    )
+    systems = list(result.figures.values())
+    types = [t for t in systems[0].rows if t != "all"]
+    console.print(comparison_table(systems, types, title))
+    for system in systems:
+        console.print(f"{system.name} {system.books.line}", highlight=False)
+        cores = ", ".join(f"{name} {value:.2f}" for name, value in system.cpu_cores.items())
+        console.print(f"{system.name} CPU (cores): {cores}", highlight=False)
+        for note in system.notes:
+            console.print(f"{system.name}: {note}", highlight=False)
+    for line in verdict_lines(result.verdict):
+        console.print(line, highlight=False)
+    console.print(
+        f"results: {result.results_dir} (results.json, overload.png, *-tickets.jsonl)", highlight=False
+    )

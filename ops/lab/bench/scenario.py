@@ -1,0 +1,132 @@
+"""The overload scenario: load shape, workload, simulated hardware and client behaviour of one run.
+
+A scenario is plain data, so a run is defined by its flags and seed alone and can be repeated; the
+defaults are the scenario ops/lab/bench/RESULTS.md reports.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ops.lab.stack.stack import SimSettings
+from ops.lab.traffic.workload import DEFAULT_MIX, LoadProfile, PlannedArrival, WorkloadSpec
+
+MAX_MODEL_LEN = 16_896
+"""Context of the simulated model: the workload's 16k-token tail plus its longest answer fits."""
+
+
+@dataclass(frozen=True)
+class OverloadScenario:
+    """Everything that defines a run; the defaults are the scenario RESULTS.md reports."""
+
+    duration_s: float = 240.0
+    normal_load: float = 0.6
+    surge_load: float = 2.5
+    mix: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_MIX))
+    branches: int = 200
+    seed: int = 7
+    gpus: int = 1
+    time_scale: float = 4.0
+    """The simulated GPU runs this many times faster than real time: a faster GPU, in wall seconds."""
+    kv_blocks: int = 2000
+    """KV-cache blocks per GPU (16 tokens each): small enough that the 16k-token tail can fill it."""
+    oom_recovery_s: float = 90.0
+    """Model seconds a simulated GPU needs to restart after an OOM crash."""
+    baseline_concurrency: int = 24
+    """The seed's fixed in-flight requests per GPU: enough to keep the GPU on its throughput plateau
+    at normal load, with no regard for how much KV cache the requests in flight will need."""
+    honour_retry_after: float = 0.5
+    """Share of branches whose client waits as long as Retry-After says; the others retry after 1 s."""
+    max_attempts: int = 5
+    drain_timeout_s: float = 60.0
+    answer_timeout_s: float = 30.0
+    """How long a seed client waits for one answer before it sends the request again."""
+    capacity_points: int = 4
+    capacity_warmup_s: float = 3.0
+    capacity_window_s: float = 8.0
+    sample_interval_s: float = 0.5
+
+    def __post_init__(self) -> None:
+        checks = {
+            "--duration": (self.duration_s >= 10, self.duration_s, "at least 10 seconds"),
+            "--surge": (0 < self.surge_load <= 20, self.surge_load, "more than 0 and at most 20"),
+            "--normal": (
+                0 < self.normal_load <= self.surge_load,
+                self.normal_load,
+                "above 0, at most --surge",
+            ),
+            "--branches": (1 <= self.branches <= 10_000, self.branches, "1 to 10000"),
+            "--gpus": (1 <= self.gpus <= 8, self.gpus, "1 to 8"),
+            "--time-scale": (self.time_scale > 0, self.time_scale, "more than 0"),
+            "--kv-blocks": (
+                self.kv_blocks * 16 >= MAX_MODEL_LEN,
+                self.kv_blocks,
+                "at least 1056 (16k tokens)",
+            ),
+            "--baseline-concurrency": (
+                self.baseline_concurrency >= 1,
+                self.baseline_concurrency,
+                "at least 1",
+            ),
+            "--honour-retry-after": (
+                0 <= self.honour_retry_after <= 1,
+                self.honour_retry_after,
+                "a fraction from 0 to 1",
+            ),
+            "--drain-timeout": (self.drain_timeout_s >= 0, self.drain_timeout_s, "0 or more seconds"),
+        }
+        for flag, (ok, value, accepted) in checks.items():
+            if not ok:
+                raise ValueError(f"{flag}={value} is not accepted; use {accepted}")
+
+    @classmethod
+    def quick(cls, **overrides: Any) -> OverloadScenario:
+        """The CI size: the same shape in a 30-second surge, shorter drain and capacity phase."""
+        sizes: dict[str, Any] = {
+            "duration_s": 30.0,
+            "drain_timeout_s": 10.0,
+            "capacity_points": 1,
+            "capacity_warmup_s": 1.5,
+            "capacity_window_s": 5.0,
+        }
+        return cls(**(sizes | overrides))
+
+    def sim_settings(self, oom_mode: str) -> SimSettings:
+        return SimSettings(
+            time_scale=self.time_scale,
+            kv_blocks=self.kv_blocks,
+            oom_mode=oom_mode,
+            oom_recovery_s=self.oom_recovery_s,
+            seed=self.seed,
+        )
+
+    def profile(self) -> LoadProfile:
+        return LoadProfile.surge(self.duration_s, self.surge_load, self.normal_load)
+
+    def workload(self, capacity_tickets_per_s: float) -> WorkloadSpec:
+        return WorkloadSpec(
+            profile=self.profile(),
+            capacity_tickets_per_s=capacity_tickets_per_s,
+            branches=self.branches,
+            mix=dict(self.mix),
+            seed=self.seed,
+        )
+
+    def surge_window(self) -> tuple[float, float]:
+        """Seconds from the start where the offered load sits at its peak (the plateau)."""
+        profile = self.profile()
+        at_peak = [point.at for point in profile.points if point.load == profile.peak]
+        return at_peak[0], at_peak[-1]
+
+
+def split_by_branch(
+    plan: Sequence[PlannedArrival], fraction: float, seed: int
+) -> tuple[list[PlannedArrival], list[PlannedArrival]]:
+    """(branches that honour Retry-After, the others): a seeded choice per branch, not per ticket."""
+    rng = random.Random(f"{seed}:honour-retry-after")
+    branches = sorted({a.branch_id for a in plan})
+    honouring = {branch for branch in branches if rng.random() < fraction}
+    return [a for a in plan if a.branch_id in honouring], [a for a in plan if a.branch_id not in honouring]

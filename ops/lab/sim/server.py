@@ -1,0 +1,226 @@
+"""The simulator's HTTP surface: vLLM's OpenAI-compatible routes plus two simulator-only `/sim` routes.
+
+A request that loses its client is aborted at once, streaming or not, so its KV blocks go back to the
+pool the way vLLM frees them; the request id the client sent is the one logged and aborted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from http import HTTPStatus
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.types import Receive
+
+from ops.lab.sim import protocol
+from ops.lab.sim.config import SimConfig
+from ops.lab.sim.engine import Engine, EngineUnavailable, RequestHandle
+from ops.lab.sim.errors import ApiError, error_body, invalid, schema_error
+from ops.lab.sim.metrics import build_registry
+from ops.lab.sim.pool import EnginePool
+from ops.lab.sim.scheduler import SeqState
+
+log = logging.getLogger("tidegate.sim")
+
+# The vLLM release whose HTTP surface the simulator reproduces (ops/lab/vllm_cpu/OBSERVED.md).
+VLLM_VERSION = "0.32.0"
+
+Parser = Callable[[object, SimConfig, str | None], protocol.Job]
+
+
+def create_app(config: SimConfig) -> FastAPI:
+    """Build the app; its engines start with the server's event loop and stop with it."""
+    pool = EnginePool(config)
+    registry = build_registry(config, pool.engines)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        pool.start()
+        log.info(
+            "Serving %s on %d simulated %s GPU(s): %d KV blocks each, time scale %g",
+            config.model,
+            config.gpus,
+            config.profile.gpu_name,
+            config.kv_blocks,
+            config.time_scale,
+        )
+        yield
+        await pool.stop()
+
+    app = FastAPI(title="tidegate vLLM simulator", lifespan=lifespan)
+    app.state.pool = pool
+
+    @app.exception_handler(ApiError)
+    async def api_error(_: Request, error: ApiError) -> JSONResponse:
+        return error.response()
+
+    @app.get("/health")
+    async def health() -> Response:
+        down = pool.down()
+        if down:
+            gpu, wait = max(down, key=lambda item: item[1])
+            raise ApiError(
+                HTTPStatus.SERVICE_UNAVAILABLE, str(EngineUnavailable(gpu, wait)), retry_after_s=wait
+            )
+        return Response(status_code=HTTPStatus.OK)
+
+    @app.get("/version")
+    async def version() -> dict[str, str]:
+        return {"version": VLLM_VERSION}
+
+    @app.get("/load")
+    async def load() -> dict[str, int]:
+        return {"server_load": sum(engine.load()[0] for engine in pool.engines)}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return protocol.models_response(config, int(time.time()))
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await _serve(pool, request, protocol.parse_completion)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await _serve(pool, request, protocol.parse_chat)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/sim/gpus")
+    async def sim_gpus() -> list[dict[str, object]]:
+        return pool.describe_gpus()
+
+    @app.post("/sim/gpus/{index}/pressure")
+    async def sim_pressure(index: int, request: Request) -> dict[str, object]:
+        if not 0 <= index < len(pool.gpus):
+            raise ApiError(
+                HTTPStatus.NOT_FOUND, f"GPU {index} does not exist; GPUs run from 0 to {len(pool.gpus) - 1}"
+            )
+        payload = await _json(request)
+        extra = payload.get("extra_used_bytes") if isinstance(payload, dict) else None
+        if not isinstance(extra, int) or isinstance(extra, bool):
+            raise invalid("extra_used_bytes must be an integer number of bytes.", "extra_used_bytes", extra)
+        try:
+            pool.gpus[index].set_pressure(extra)
+        except ValueError as error:
+            raise invalid(str(error), "extra_used_bytes", extra) from None
+        log.info("GPU %d: another process now holds %d bytes", index, extra)
+        return pool.describe_gpus()[index]
+
+    return app
+
+
+async def _json(request: Request) -> object:
+    try:
+        return json.loads(await request.body())
+    except json.JSONDecodeError as error:
+        detail = {"type": "json_invalid", "loc": (0,), "msg": "JSON decode error", "input": {}}
+        raise schema_error([detail | {"ctx": {"error": error.msg}}]) from None
+
+
+async def _serve(pool: EnginePool, request: Request, parse: Parser) -> Response:
+    job = parse(await _json(request), pool.config, request.headers.get("x-request-id"))
+    try:
+        engine = pool.pick()
+    except EngineUnavailable as down:
+        raise ApiError(HTTPStatus.SERVICE_UNAVAILABLE, str(down), retry_after_s=down.retry_after_s) from None
+    if job.stream:
+        return StreamingResponse(_stream(engine, job), media_type="text/event-stream")
+    handle = _submit(engine, job)
+    if not await _finished_or_disconnected(handle, request.receive):
+        engine.abort(handle, "client disconnected")
+        return Response(status_code=499)
+    if handle.error is not None:
+        return JSONResponse(error_body(HTTPStatus.INTERNAL_SERVER_ERROR, handle.error), 500)
+    seq = handle.seq
+    body = protocol.full_response(job, int(time.time()), seq.output_tokens, seq.finish_reason or "stop")
+    # vLLM puts the request id in the body's `id` only; it does not echo an X-Request-Id header.
+    return JSONResponse(body)
+
+
+def _submit(engine: Engine, job: protocol.Job) -> RequestHandle:
+    try:
+        handle = engine.submit(
+            job.response_id,
+            job.prompt_tokens,
+            job.max_tokens,
+            job.target_tokens,
+            job.priority,
+            streaming=job.stream,
+        )
+    except EngineUnavailable as down:
+        raise ApiError(HTTPStatus.SERVICE_UNAVAILABLE, str(down), retry_after_s=down.retry_after_s) from None
+    log.info(
+        "Received request %s on GPU %d: prompt_tokens=%d max_tokens=%d priority=%d",
+        job.response_id,
+        engine.gpu,
+        job.prompt_tokens,
+        job.max_tokens,
+        job.priority,
+    )
+    return handle
+
+
+async def _finished_or_disconnected(handle: RequestHandle, receive: Receive) -> bool:
+    """Wait for the request to end; False when the client went away first (vLLM's with_cancellation)."""
+    done = asyncio.ensure_future(handle.done.wait())
+    gone = asyncio.ensure_future(_disconnected(receive))
+    try:
+        await asyncio.wait({done, gone}, return_when=asyncio.FIRST_COMPLETED)
+        return done.done()
+    finally:
+        for task in (done, gone):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _stream(engine: Engine, job: protocol.Job) -> AsyncIterator[str]:
+    """Server-sent events as vLLM sends them; a cancelled stream (client gone) aborts the request."""
+    created = int(time.time())
+    try:
+        handle = _submit(engine, job)
+    except ApiError as error:
+        yield protocol.sse(error.body())
+        yield "data: [DONE]\n\n"
+        return
+    try:
+        if job.kind == "chat":
+            yield protocol.sse(protocol.role_chunk(job, created))
+        sent = 0
+        while True:
+            await handle.changed.wait()
+            handle.changed.clear()
+            seq = handle.seq
+            if handle.error is not None:
+                yield protocol.sse(error_body(HTTPStatus.INTERNAL_SERVER_ERROR, handle.error))
+                break
+            finished = seq.state is SeqState.FINISHED
+            if seq.output_tokens > sent:
+                reason = seq.finish_reason if finished else None
+                yield protocol.token_events(job, created, sent, seq.output_tokens, reason)
+                sent = seq.output_tokens
+            if finished:
+                if job.include_usage:
+                    yield protocol.sse(protocol.usage_chunk(job, created, sent))
+                break
+        yield "data: [DONE]\n\n"
+    finally:
+        if not handle.done.is_set():
+            engine.abort(handle, "client disconnected")

@@ -1,0 +1,361 @@
+"""Play a planned workload against the HTTP API as the branches would: submit, retry on 429, poll.
+
+One dispatcher thread keeps a timetable (a heap of due actions: submit request N, poll ticket T) and
+hands each due action to a pool of client threads, each with its own keep-alive session. A branch
+that is shed (429) tries again after the server's Retry-After (or after a fixed pause, the naive
+client), up to `max_attempts`, then gives up. Accepted tickets are polled with a growing interval
+until they end; the latency figures are the server's own timings, so coarse polling costs nothing
+in accuracy. When the plan is over the player waits `drain_timeout_s` for the backlog, then cancels
+what is left, so every submission ends in a terminal state the accounting can count.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import secrets
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import requests
+from requests.adapters import HTTPAdapter
+
+from ops.lab.traffic.records import OUTCOMES, TicketRecord, TypeFigures, type_figures
+from ops.lab.traffic.timetable import Timetable
+from ops.lab.traffic.workload import PlannedArrival
+from producer.client import parse_retry_after
+from shared.policy import Policy
+
+log = logging.getLogger(__name__)
+
+RetryMode = Literal["retry-after", "fixed", "none"]
+RETRY_MODES: tuple[RetryMode, ...] = ("retry-after", "fixed", "none")
+TRANSPORT_RETRIES = 3
+TRANSPORT_PAUSE_S = 0.5
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How a shed branch retries: as told (`retry-after`), after a fixed pause, or not at all."""
+
+    mode: RetryMode = "retry-after"
+    fixed_delay_s: float = 1.0
+    max_attempts: int = 5
+    jitter: float = 0.1
+    """Each pause is stretched by up to this fraction, so branches do not retry in lockstep."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in RETRY_MODES:
+            raise ValueError(f"retry mode {self.mode!r} is not accepted; use {'|'.join(RETRY_MODES)}")
+        if self.max_attempts < 1:
+            raise ValueError(f"max_attempts={self.max_attempts} is not accepted; use at least 1")
+        if self.fixed_delay_s < 0 or not 0 <= self.jitter <= 1:
+            raise ValueError(
+                f"fixed_delay_s={self.fixed_delay_s} must be ≥ 0 and jitter={self.jitter} in [0, 1]"
+            )
+
+    def delay(self, retry_after: float | None, rng: random.Random) -> float | None:
+        """Seconds before the next attempt, or None when this client does not retry."""
+        if self.mode == "none":
+            return None
+        base = self.fixed_delay_s if self.mode == "fixed" or retry_after is None else retry_after
+        return base * (1 + rng.uniform(0, self.jitter))
+
+
+@dataclass(frozen=True)
+class PlayerSettings:
+    clients: int = 24
+    """Client threads sending requests at once."""
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    poll_first_s: float = 0.5
+    poll_growth: float = 1.5
+    poll_max_s: float = 3.0
+    request_timeout_s: float = 15.0
+    drain_timeout_s: float = 60.0
+    """After the last planned arrival, how long to wait for tickets to end before cancelling them."""
+    run_tag: str = field(default_factory=lambda: f"traffic-{secrets.token_hex(4)}")
+    """Prefix of idempotency keys, unique per run so two runs on one queue never collide."""
+
+
+@dataclass(frozen=True)
+class _Action:
+    kind: Literal["submit", "poll"]
+    record: TicketRecord
+    attempt: int = 1
+    interval: float = 0.0
+
+
+class TrafficPlayer:
+    """Sends `plan` to the API at `api_url`, each ticket with its branch's key from `key_for`."""
+
+    def __init__(
+        self,
+        api_url: str,
+        key_for: Callable[[str], str],
+        plan: Sequence[PlannedArrival],
+        policy: Policy,
+        settings: PlayerSettings | None = None,
+        *,
+        seed: int = 0,
+    ) -> None:
+        self.api_url = api_url.rstrip("/")
+        self.key_for = key_for
+        self.plan = list(plan)
+        self.policy = policy
+        self.settings = settings or PlayerSettings()
+        self.records = [TicketRecord.planned(a, policy) for a in self.plan]
+        self._arrivals = {a.index: a for a in self.plan}
+        self._rng = random.Random(f"{seed}:retries")
+        self._lock = threading.Lock()
+        self._timetable: Timetable[_Action] = Timetable()
+        self._stop = threading.Event()
+        self._finished = threading.Event()
+        self._local = threading.local()
+        self._sessions: list[requests.Session] = []
+        self._pool = ThreadPoolExecutor(max_workers=self.settings.clients, thread_name_prefix="branch")
+        self._busy = 0
+        self._thread = threading.Thread(target=self._dispatch, name="traffic-dispatcher", daemon=True)
+        self.started_at = 0.0
+        self._t0 = 0.0
+        self.cancelled_leftovers = 0
+
+    @property
+    def duration(self) -> float:
+        return max((a.at for a in self.plan), default=0.0)
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self._t0 if self._t0 else 0.0
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> None:
+        self._t0 = time.monotonic()
+        self.started_at = time.time()
+        for record in self.records:
+            self._timetable.push(self._t0 + record.planned_at, _Action("submit", record))
+        self._thread.start()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until every record is terminal (or the player was stopped); False on timeout."""
+        return self._finished.wait(timeout)
+
+    def run(self) -> list[TicketRecord]:
+        self.start()
+        self.wait()
+        self.close()
+        return self.records
+
+    def stop(self) -> None:
+        """Stop sending (Ctrl-C): no new submissions or polls; requests in flight finish."""
+        self._stop.set()
+        self._timetable.wake()
+
+    def close(self) -> None:
+        self.stop()
+        self._thread.join(timeout=self.settings.request_timeout_s + 5)
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        for session in self._sessions:
+            session.close()
+
+    @property
+    def finished(self) -> bool:
+        return self._finished.is_set()
+
+    # ---- reading ----------------------------------------------------------------------------
+    def figures(self) -> dict[str, TypeFigures]:
+        with self._lock:
+            return {t: type_figures(t, self.records) for t in self.policy.type_names}
+
+    def snapshot(self) -> list[TicketRecord]:
+        """Copies of the records, consistent with each other."""
+        with self._lock:
+            return [TicketRecord(**r.to_dict()) for r in self.records]
+
+    # ---- the dispatcher ------------------------------------------------------------------------
+    def _dispatch(self) -> None:
+        drain_deadline = self._t0 + self.duration + self.settings.drain_timeout_s
+        while not self._stop.is_set():
+            now = time.monotonic()
+            due = self._timetable.pop_due(now)
+            with self._lock:
+                self._busy += len(due)
+                idle = self._busy == 0  # no action in flight, so none can push while we look
+            for action in due:
+                self._pool.submit(self._run_action, action)
+            if idle and not self._timetable and self._all_terminal():
+                break
+            if now >= drain_deadline:
+                self._cancel_leftovers()
+                break
+            self._timetable.wait(0.2)
+        self._finished.set()
+
+    def _all_terminal(self) -> bool:
+        with self._lock:
+            return all(r.terminal for r in self.records)
+
+    def _run_action(self, action: _Action) -> None:
+        try:
+            if self._stop.is_set() or self._timetable.closed:
+                return
+            if action.kind == "submit":
+                self._submit(action.record, action.attempt)
+            else:
+                self._poll(action.record, action.interval)
+        except Exception as exc:  # a bug here must not silently stall a ticket: record it
+            log.exception("traffic action %s for %s failed", action.kind, action.record.request_id)
+            with self._lock:
+                action.record.outcome = action.record.outcome or "error"
+                action.record.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            with self._lock:
+                self._busy -= 1
+            self._timetable.wake()
+
+    # ---- HTTP ------------------------------------------------------------------------------------
+    def _session(self) -> requests.Session:
+        session: requests.Session | None = getattr(self._local, "session", None)
+        if session is None:
+            session = requests.Session()
+            session.mount("http://", HTTPAdapter(pool_connections=1, pool_maxsize=2))
+            self._local.session = session
+            with self._lock:
+                self._sessions.append(session)
+        return session
+
+    def _request(
+        self, method: str, path: str, key: str, *, json: Any = None, headers: dict[str, str] | None = None
+    ) -> requests.Response | None:
+        """One API call, resent on connection errors (safe: submissions carry an idempotency key)."""
+        all_headers = {"Authorization": f"Bearer {key}", **(headers or {})}
+        for attempt in range(TRANSPORT_RETRIES):
+            try:
+                return self._session().request(
+                    method,
+                    self.api_url + path,
+                    json=json,
+                    headers=all_headers,
+                    timeout=self.settings.request_timeout_s,
+                )
+            except (requests.ConnectionError, requests.Timeout) as exc:
+                log.warning("%s %s failed (%s), attempt %d", method, path, exc, attempt + 1)
+                if self._stop.wait(TRANSPORT_PAUSE_S):
+                    return None
+        return None
+
+    def _submit(self, record: TicketRecord, attempt: int) -> None:
+        arrival = self._arrivals[record.index]
+        key = self.key_for(record.branch_id)
+        idempotency = f"{self.settings.run_tag}-{record.request_id}-{attempt}"
+        sent_at = time.time()
+        response = self._request(
+            "POST", "/v1/tickets", key, json=arrival.body(), headers={"Idempotency-Key": idempotency}
+        )
+        if response is None:
+            with self._lock:
+                record.outcome, record.error = "error", "no answer from the API"
+            return
+        with self._lock:
+            if record.first_submit_at is None:
+                record.first_submit_at = sent_at
+        if response.status_code == 202:
+            body = response.json()
+            with self._lock:
+                record.submissions += 1
+                record.ticket_id = str(body["id"])
+                record.status = str(body["status"])
+                record.accepted_at = time.time()
+            first = self.settings.poll_first_s
+            self._timetable.push(time.monotonic() + first, _Action("poll", record, interval=first))
+        elif response.status_code == 429:
+            self._rejected(record, attempt, response)
+        else:
+            with self._lock:
+                record.outcome = "error"
+                record.error = f"HTTP {response.status_code}: {response.text[:300]}"
+
+    def _rejected(self, record: TicketRecord, attempt: int, response: requests.Response) -> None:
+        try:
+            error = response.json().get("error", {})
+        except ValueError:
+            error = {}
+        delay = self.settings.retry.delay(parse_retry_after(response.headers.get("Retry-After")), self._rng)
+        retry = delay is not None and attempt < self.settings.retry.max_attempts
+        with self._lock:
+            record.submissions += 1
+            record.rejections += 1
+            if isinstance(error, dict) and error.get("ticket_id"):
+                record.rejected_ids.append(str(error["ticket_id"]))
+            if retry:
+                record.retries += 1
+            else:
+                record.outcome = "rejected"
+                record.finished_at = time.time()
+        if retry and delay is not None:
+            self._timetable.push(time.monotonic() + delay, _Action("submit", record, attempt=attempt + 1))
+
+    def _poll(self, record: TicketRecord, interval: float) -> None:
+        assert record.ticket_id is not None
+        response = self._request("GET", f"/v1/tickets/{record.ticket_id}", self.key_for(record.branch_id))
+        if response is not None and response.status_code == 200:
+            view = response.json()
+            with self._lock:
+                record.polls += 1
+                record.status = str(view["status"])
+                if record.status in OUTCOMES:
+                    self._finish(record, view)
+                    return
+        elif response is not None:
+            log.warning("GET ticket %s answered HTTP %d", record.ticket_id, response.status_code)
+        following = min(max(interval, 0.05) * self.settings.poll_growth, self.settings.poll_max_s)
+        self._timetable.push(time.monotonic() + following, _Action("poll", record, interval=following))
+
+    @staticmethod
+    def _finish(record: TicketRecord, view: dict[str, Any]) -> None:
+        timings = view.get("timings") or {}
+        record.outcome = record.status
+        record.finished_at = view.get("finished_at") or time.time()
+        record.latency_s = timings.get("total_seconds")
+        record.queue_wait_s = timings.get("queue_wait_seconds")
+        record.ttft_s = timings.get("time_to_first_token_seconds")
+
+    def _cancel_leftovers(self) -> None:
+        """The drain timeout passed: cancel accepted tickets still open, give up pending retries.
+
+        New actions are refused first and those in flight are let finish, so no record changes
+        under the settlement.
+        """
+        self._timetable.close()
+        deadline = time.monotonic() + self.settings.request_timeout_s * TRANSPORT_RETRIES + 5
+        while time.monotonic() < deadline:
+            with self._lock:
+                if self._busy == 0:
+                    break
+            time.sleep(0.05)
+        with self._lock:
+            open_records = [r for r in self.records if not r.terminal]
+        for record in open_records:
+            if record.ticket_id is None:
+                with self._lock:
+                    # Its last submission was shed and its retry is now dropped: the branch gave up.
+                    if record.rejections:
+                        record.outcome = "rejected"
+                    else:
+                        record.outcome, record.error = "error", "never submitted before the run ended"
+                continue
+            key = self.key_for(record.branch_id)
+            response = self._request("DELETE", f"/v1/tickets/{record.ticket_id}", key)
+            final = self._request("GET", f"/v1/tickets/{record.ticket_id}", key)
+            with self._lock:
+                if response is not None and response.status_code == 200 and response.json().get("cancelled"):
+                    self.cancelled_leftovers += 1
+                if final is not None and final.status_code == 200:
+                    view = final.json()
+                    record.status = str(view["status"])
+                    if record.status in OUTCOMES:
+                        self._finish(record, view)
+                        continue
+                record.outcome, record.error = "error", f"ticket still {record.status} after cancelling"

@@ -1,6 +1,0 @@
-"""The tidegate processes on one machine: simulator, workers, monitor and API, started and stopped together."""
-
-from ops.stack.children import ChildError, ChildProcess
-from ops.stack.stack import Engine, SimSettings, Stack, StackConfig, WorkerSettings
-
-__all__ = ["ChildError", "ChildProcess", "Engine", "SimSettings", "Stack", "StackConfig", "WorkerSettings"]
