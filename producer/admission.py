@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from redis import Redis
 
@@ -19,6 +19,7 @@ from shared.keys import QueueKeys
 from shared.models import TicketRequest
 from shared.policy import AlarmLevel, Policy, TypePolicy
 from shared.queue import EnqueueOptions
+from shared.shed import ShedCode
 
 RETRY_AFTER_MIN = 1.0
 RETRY_AFTER_MAX = 60.0
@@ -28,12 +29,27 @@ FALLBACK_ROUTE = "fallback"
 
 @dataclass(frozen=True)
 class Decision:
-    admitted: bool
+    """The verdict for one request: admitted with its degrade options, or shed with a code.
+
+    `retry_after` is filled in either way: the enqueue script may still refuse an admitted ticket at
+    its type's cap, and that answer needs the same estimate.
+    """
+
     level: AlarmLevel
     mode: Mode
-    reason: str = ""
-    retry_after: float | None = None
+    retry_after: float
+    code: ShedCode | None = None
     options: EnqueueOptions = field(default_factory=EnqueueOptions)
+
+    @property
+    def admitted(self) -> bool:
+        return self.code is None
+
+    @property
+    def enqueue_options(self) -> EnqueueOptions:
+        """What the enqueue script needs of this verdict: the shed code and Retry-After, or the
+        degrade options."""
+        return replace(self.options, shed=self.code, retry_after=self.retry_after)
 
 
 def retry_after_seconds(state: ControlState, rng: random.Random) -> float:
@@ -44,51 +60,44 @@ def retry_after_seconds(state: ControlState, rng: random.Random) -> float:
     return round(min(max(jittered, RETRY_AFTER_MIN), RETRY_AFTER_MAX), 1)
 
 
+def shed_rule(type_policy: TypePolicy, state: ControlState) -> ShedCode | None:
+    """The first admission rule that refuses a ticket of this type now, or None. Critical types
+    pass every rule here; only their own cap (in the enqueue script) can refuse them."""
+    if type_policy.critical:
+        return None
+    if state.memory_guard:
+        return ShedCode.REDIS_MEMORY
+    if state.mode is Mode.CRITICAL_ONLY:
+        return ShedCode.CRITICAL_ONLY
+    if state.level >= AlarmLevel.RED:
+        return ShedCode.QUEUE_RED
+    floor = type_policy.kv_shed_free_below
+    if floor is not None and state.kv_free_min is not None and state.kv_free_min < floor:
+        return ShedCode.KV_CACHE_FULL
+    if state.degraded and type_policy.orange_action == "shed":
+        return ShedCode.QUEUE_ORANGE
+    return None
+
+
 def decide(
-    request_type: str,
     type_policy: TypePolicy,
-    policy: Policy,
     state: ControlState,
     *,
     fallback_configured: bool,
     rng: random.Random,
 ) -> Decision:
     """The rule itself, pure: the same state and request always give the same verdict."""
-
-    def reject(reason: str) -> Decision:
-        return Decision(False, state.level, state.mode, reason, retry_after_seconds(state, rng))
-
-    if state.mode is Mode.CRITICAL_ONLY and not type_policy.critical:
-        return reject(f"operator mode critical-only admits only {', '.join(policy.critical_types)}")
-    if state.level >= AlarmLevel.RED and not type_policy.critical:
-        return reject(
-            f"queue depth {state.depth} is above the red threshold {policy.alarms.red}; "
-            f"only {', '.join(policy.critical_types)} is admitted"
-        )
-    kv_floor = type_policy.kv_shed_free_below
-    if (
-        kv_floor is not None
-        and not type_policy.critical
-        and state.kv_free_min is not None
-        and state.kv_free_min < kv_floor
-    ):
-        return reject(
-            f"GPU KV cache nearly full ({state.kv_free_min:.0%} free, below {kv_floor:.0%} for {request_type})"
-        )
-    degraded = state.level >= AlarmLevel.ORANGE
-    if degraded and type_policy.orange_action == "shed":
-        return reject(
-            f"queue depth {state.depth} is above the orange threshold {policy.alarms.orange}; "
-            f"{request_type} is shed until it drains"
-        )
+    retry_after = retry_after_seconds(state, rng)
+    code = shed_rule(type_policy, state)
+    if code is not None:
+        return Decision(state.level, state.mode, retry_after, code)
     options = EnqueueOptions()
-    if degraded:
+    if state.degraded:
         options = EnqueueOptions(
-            max_tokens_cap=type_policy.degraded_max_tokens,
             route=FALLBACK_ROUTE if fallback_configured and type_policy.route_to_fallback else None,
-            defer_seconds=retry_after_seconds(state, rng) if type_policy.orange_action == "defer" else 0.0,
+            defer_seconds=retry_after if type_policy.orange_action == "defer" else 0.0,
         )
-    return Decision(True, state.level, state.mode, options=options)
+    return Decision(state.level, state.mode, retry_after, options=options)
 
 
 class AdmissionController:
@@ -127,15 +136,9 @@ class AdmissionController:
             self._cached = None
 
     def decide(self, request: TicketRequest) -> Decision:
-        type_policy = self.policy.type_policy(request.type)
         return decide(
-            request.type,
-            type_policy,
-            self.policy,
+            self.policy.type_policy(request.type),
             self.state(),
             fallback_configured=self.fallback_configured,
             rng=self.rng,
         )
-
-    def retry_after(self) -> float:
-        return retry_after_seconds(self.state(), self.rng)

@@ -15,11 +15,12 @@ from redis import Redis
 
 from producer.admission import AdmissionController, Decision
 from shared.config import Settings
-from shared.errors import TicketValidationError, field_errors
-from shared.models import Ticket, TicketRequest
+from shared.errors import FieldError, TicketValidationError, field_errors
+from shared.models import Ticket, TicketRequest, policy_problems
 from shared.policy import Policy
-from shared.queue import EnqueueOptions, TicketQueue
+from shared.queue import EnqueueResult, TicketQueue
 from shared.redis_conn import connect
+from shared.shed import ShedCode
 
 SubmitOutcome = Literal["queued", "existing", "rejected"]
 
@@ -29,6 +30,8 @@ class SubmitResult:
     outcome: SubmitOutcome
     ticket_id: str
     ticket: Ticket | None
+    code: ShedCode | None = None
+    """Why a rejected ticket was shed; its words are `reason`."""
     reason: str = ""
     retry_after: float | None = None
 
@@ -73,47 +76,25 @@ class Producer:
         except ValidationError as exc:
             raise TicketValidationError(field_errors(exc)) from None
 
-    def _revalidated(self, request: TicketRequest) -> TicketRequest:
-        # A request built in Python skipped the policy checks (type known, context limit).
-        return self.validate(request.model_dump(exclude_unset=True))
+    def check(self, request: TicketRequest) -> TicketRequest:
+        """A request parsed without the policy (the HTTP body, one built in Python), checked against
+        it without parsing it again; TicketValidationError names each rule it breaks."""
+        problems = policy_problems(request, self.policy)
+        if problems:
+            raise TicketValidationError([FieldError(name, message) for name, message in problems])
+        return request
 
     def submit(self, request: TicketRequest | Mapping[str, Any]) -> SubmitResult:
         """Admit and enqueue one ticket; a shed ticket is recorded as `rejected` with retry_after."""
         return self.submit_many([request])[0]
 
     def submit_many(self, requests: Sequence[TicketRequest | Mapping[str, Any]]) -> list[SubmitResult]:
-        """Admit each ticket on its own merits; the admitted ones go in one pipelined round trip."""
-        validated = [
-            self._revalidated(r) if isinstance(r, TicketRequest) else self.validate(r) for r in requests
-        ]
+        """Admit each ticket on its own merits, then submit all in one pipelined round trip: the
+        enqueue script queues the admitted ones and records the shed ones (and any over its cap)."""
+        validated = [self.check(r) if isinstance(r, TicketRequest) else self.validate(r) for r in requests]
         decisions = [self.admission.decide(r) for r in validated]
-        admitted = [
-            (i, r, d) for i, (r, d) in enumerate(zip(validated, decisions, strict=True)) if d.admitted
-        ]
-        results: list[SubmitResult | None] = [None] * len(validated)
-        if admitted:
-            enqueued = self.queue.enqueue_many(
-                [r for _, r, _ in admitted], [d.options for _, _, d in admitted]
-            )
-            for (i, _, _), res in zip(admitted, enqueued, strict=True):
-                if res.outcome == "rejected":
-                    results[i] = SubmitResult(
-                        "rejected",
-                        res.ticket_id,
-                        res.ticket,
-                        reason=res.ticket.error if res.ticket and res.ticket.error else "queue cap reached",
-                        retry_after=self.admission.retry_after(),
-                    )
-                else:
-                    results[i] = SubmitResult(res.outcome, res.ticket_id, res.ticket)
-        for i, (request, decision) in enumerate(zip(validated, decisions, strict=True)):
-            if not decision.admitted:
-                results[i] = self._reject(request, decision)
-        return [r for r in results if r is not None]
-
-    def _reject(self, request: TicketRequest, decision: Decision) -> SubmitResult:
-        ticket = self.queue.record_rejected(request, decision.reason)
-        return SubmitResult("rejected", ticket.id, ticket, decision.reason, decision.retry_after)
+        enqueued = self.queue.enqueue_many(validated, [d.enqueue_options for d in decisions])
+        return [_submit_result(e, d) for e, d in zip(enqueued, decisions, strict=True)]
 
     def get(self, ticket_id: str) -> Ticket | None:
         return self.queue.get(ticket_id)
@@ -122,5 +103,12 @@ class Producer:
         """Cancel; returns the status before ("queued"/"running" → now cancelled) or "missing"."""
         return self.queue.cancel(ticket_id)
 
-    def enqueue_options(self, request: TicketRequest) -> EnqueueOptions:
-        return self.admission.decide(request).options
+
+def _submit_result(enqueued: EnqueueResult, decision: Decision) -> SubmitResult:
+    if enqueued.outcome != "rejected":
+        return SubmitResult(enqueued.outcome, enqueued.ticket_id, enqueued.ticket)
+    ticket = enqueued.ticket
+    reason = ticket.error if ticket is not None and ticket.error else ""
+    return SubmitResult(
+        "rejected", enqueued.ticket_id, ticket, enqueued.code, reason, retry_after=decision.retry_after
+    )

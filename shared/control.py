@@ -36,6 +36,15 @@ class ControlState:
     drain_rate: float | None
     kv_free_min: float | None
     desired_workers: int | None
+    memory_guard: bool = False
+    """The monitor's Redis memory guard is on: non-critical intake is shed."""
+    redis_used_memory: int | None = None
+    redis_memory_budget: int | None = None
+
+    @property
+    def degraded(self) -> bool:
+        """Service is degraded from orange up: the one test intake and workers both apply."""
+        return self.level >= AlarmLevel.ORANGE
 
     @property
     def level_is_published(self) -> bool:
@@ -55,6 +64,11 @@ def _float(value: Any) -> float | None:
         return float(value) if value not in (None, "") else None
     except (TypeError, ValueError):
         return None
+
+
+def _int(value: Any) -> int | None:
+    number = _float(value)
+    return int(number) if number is not None else None
 
 
 def read_control_state(
@@ -100,6 +114,9 @@ def read_control_state(
         drain_rate=_float(monitor.get("drain_rate")),
         kv_free_min=_float(monitor.get("kv_free_min")) if monitor_fresh else None,
         desired_workers=int(desired) if desired is not None else None,
+        memory_guard=monitor_fresh and monitor.get("memory_guard") == "1",
+        redis_used_memory=_int(monitor.get("redis_used_memory")),
+        redis_memory_budget=_int(monitor.get("redis_memory_budget")),
     )
     return state, (int(replies[5]) if extra_zcard else None)
 

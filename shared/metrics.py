@@ -133,6 +133,27 @@ class RedisStateCollector(Collector):
         out.append(
             _gauge("tidegate_drain_rate", "Tickets leaving the queue per second.", state.drain_rate or 0.0)
         )
+        out.append(
+            _gauge(
+                "tidegate_memory_guard",
+                "1 while the Redis memory guard sheds non-critical intake.",
+                1 if state.memory_guard else 0,
+            )
+        )
+        out.append(
+            _gauge(
+                "tidegate_redis_memory_used_bytes",
+                "Redis used_memory as the monitor last read it.",
+                state.redis_used_memory or 0,
+            )
+        )
+        out.append(
+            _gauge(
+                "tidegate_redis_memory_budget_bytes",
+                "The memory guard's budget: the policy's, else Redis's maxmemory (0: none).",
+                state.redis_memory_budget or 0,
+            )
+        )
         out.append(self._tickets(stats.counts))
         out.append(_gauge("tidegate_workers_alive", "Workers with a live heartbeat.", len(workers)))
         out += _worker_families(workers)

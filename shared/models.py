@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from enum import StrEnum
 from typing import Any, ClassVar, Literal
@@ -65,8 +66,9 @@ class TicketRequest(BaseModel):
     @classmethod
     def _known_type(cls, value: str, info: ValidationInfo) -> str:
         policy = _policy_from(info)
-        if policy is not None and value not in policy.types:
-            raise ValueError(str(UnknownTicketType(value, policy.type_names)))
+        problem = unknown_type_problem(value, policy) if policy is not None else None
+        if problem:
+            raise ValueError(problem)
         return value
 
     @field_validator("prompt")
@@ -81,22 +83,65 @@ class TicketRequest(BaseModel):
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("give exactly one of 'prompt' (text completion) or 'messages' (chat)")
         policy = _policy_from(info)
-        if policy is not None:
-            limit = policy.queue.context_limit_tokens
-            max_tokens = self.max_tokens or policy.queue.default_max_tokens
-            needed = self.prompt_tokens_estimate + max_tokens
-            if needed > limit:
-                raise ValueError(
-                    f"prompt of about {self.prompt_tokens_estimate} tokens plus max_tokens {max_tokens} "
-                    f"exceeds the context limit of {limit} tokens"
-                )
+        problem = context_limit_problem(self, policy) if policy is not None else None
+        if problem:
+            raise ValueError(problem)
         return self
+
+    @property
+    def prompt_chars(self) -> int:
+        """Characters of the prompt (or every message), kept on a record that drops the text."""
+        if self.prompt is not None:
+            return len(self.prompt)
+        return sum(len(m.content) for m in self.messages or [])
+
+    @property
+    def prompt_digest(self) -> str:
+        """A short SHA-256 of the prompt, so a record without the text still identifies it."""
+        if self.prompt is not None:
+            text = self.prompt
+        else:
+            text = json.dumps([m.model_dump() for m in self.messages or []], separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     @property
     def prompt_tokens_estimate(self) -> int:
         if self.prompt is not None:
             return estimate_tokens(self.prompt)
         return sum(estimate_tokens(m.content) + 4 for m in self.messages or [])
+
+
+def unknown_type_problem(ticket_type: str, policy: Policy) -> str | None:
+    """Why the policy does not know `ticket_type`, or None."""
+    if ticket_type in policy.types:
+        return None
+    return str(UnknownTicketType(ticket_type, policy.type_names))
+
+
+def context_limit_problem(request: TicketRequest, policy: Policy) -> str | None:
+    """Why prompt plus answer cannot fit the model's context, or None."""
+    limit = policy.queue.context_limit_tokens
+    max_tokens = request.max_tokens or policy.queue.default_max_tokens
+    if request.prompt_tokens_estimate + max_tokens <= limit:
+        return None
+    return (
+        f"prompt of about {request.prompt_tokens_estimate} tokens plus max_tokens {max_tokens} "
+        f"exceeds the context limit of {limit} tokens"
+    )
+
+
+def policy_problems(request: TicketRequest, policy: Policy) -> list[tuple[str, str]]:
+    """(field, message) for each policy rule a request parsed without the policy breaks.
+
+    The validators above apply the same rules when the policy is in the validation context; this
+    checks a request that was parsed once already (the HTTP body, a request built in Python).
+    """
+    problems = []
+    if (problem := unknown_type_problem(request.type, policy)) is not None:
+        problems.append(("type", problem))
+    elif (problem := context_limit_problem(request, policy)) is not None:
+        problems.append(("body", problem))
+    return problems
 
 
 def _policy_from(info: ValidationInfo) -> Policy | None:
@@ -126,6 +171,8 @@ class Ticket(BaseModel):
     idempotency_key: str | None = None
     callback_url: str | None = None
     prompt_tokens_estimate: int = 0
+    prompt_chars: int | None = None
+    prompt_digest: str | None = None
     created_at: float
     expires_at: float
     started_at: float | None = None
@@ -137,6 +184,8 @@ class Ticket(BaseModel):
     route: str | None = None
     result: str | None = None
     error: str | None = None
+    shed_code: str | None = None
+    retry_after: float | None = None
     usage: dict[str, Any] | None = None
 
     @property

@@ -15,6 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 FACTOR_FIELDS = ("urgent_level", "vip_level", "is_bulk")
+RetainedOutcome = Literal["done", "failed", "expired", "cancelled", "rejected"]
 """Ticket attributes a type's dynamic factors may weigh."""
 
 
@@ -67,11 +68,37 @@ class QueuePolicy(_Strict):
     aging_seconds: float = Field(default=60, ge=0)
     lease_seconds: float = Field(default=30, gt=0)
     max_attempts: int = Field(default=3, ge=1)
-    retention_seconds: int = Field(default=86_400, ge=1)
+    retention_seconds: int = Field(default=86_400, ge=1, description="ended tickets stay readable this long")
+    rejected_retention_seconds: int = Field(
+        default=600, ge=1, description="a shed ticket's lean record stays readable this long"
+    )
+    retention_by_outcome: dict[RetainedOutcome, int] = Field(
+        default_factory=dict, description="per-outcome overrides of retention_seconds"
+    )
+    keep_prompts: bool = Field(default=True, description="keep a finished ticket's prompt with its result")
     context_limit_tokens: int = Field(default=32_768, ge=16)
     retry_backoff_seconds: float = Field(default=1.0, ge=0)
     retry_backoff_max_seconds: float = Field(default=30.0, ge=0)
     default_max_tokens: int = Field(default=256, ge=1)
+
+    @field_validator("retention_by_outcome")
+    @classmethod
+    def _positive_retention(cls, value: dict[str, int]) -> dict[str, int]:
+        for outcome, seconds in value.items():
+            if seconds < 1:
+                raise ValueError(f"retention for {outcome} must be at least 1 second, got {seconds}")
+        return value
+
+    def retention_for(self, outcome: RetainedOutcome) -> int:
+        """Seconds a ticket that ended `outcome` stays readable."""
+        default = self.rejected_retention_seconds if outcome == "rejected" else self.retention_seconds
+        return self.retention_by_outcome.get(outcome, default)
+
+    @property
+    def retention_spec(self) -> str:
+        """What the Lua scripts that end tickets read (shared/lua/lib/tickets.lua `retention_for`)."""
+        seconds = " ".join(str(self.retention_for(o)) for o in ("done", "failed", "expired", "cancelled"))
+        return f"{seconds} {1 if self.keep_prompts else 0}"
 
 
 class AlarmPolicy(_Strict):
@@ -96,6 +123,23 @@ class AlarmPolicy(_Strict):
         ]
 
 
+class MemoryPolicy(_Strict):
+    """The Redis memory guard: above `high_water` of the budget the monitor sheds non-critical
+    intake (code `redis_memory`) so critical tickets keep being accepted; it clears below `clear_below`."""
+
+    budget_bytes: int = Field(default=0, ge=0, description="0: Redis's own maxmemory (no maxmemory: off)")
+    high_water: float = Field(default=0.8, gt=0, le=1)
+    clear_below: float = Field(default=0.7, gt=0, le=1)
+
+    @model_validator(mode="after")
+    def _hysteresis(self) -> MemoryPolicy:
+        if self.clear_below >= self.high_water:
+            raise ValueError(
+                f"clear_below {self.clear_below} must be below high_water {self.high_water}, or the guard flaps"
+            )
+        return self
+
+
 class HooksPolicy(_Strict):
     """Optional calls the monitor's actions make: a shell command or an http(s) URL (POSTed JSON)."""
 
@@ -116,6 +160,7 @@ class Policy(_Strict):
     types: dict[str, TypePolicy]
     alarms: AlarmPolicy = Field(default_factory=AlarmPolicy)
     hooks: HooksPolicy = Field(default_factory=HooksPolicy)
+    memory: MemoryPolicy = Field(default_factory=MemoryPolicy)
 
     @model_validator(mode="after")
     def _has_types(self) -> Policy:

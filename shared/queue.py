@@ -1,6 +1,6 @@
 """TicketQueue: every state change of a ticket, each one atomic in Redis (see shared/lua/).
 
-Producers call `enqueue`/`enqueue_many`/`record_rejected`/`cancel`; workers `claim`, `extend`,
+Producers call `enqueue`/`enqueue_many`/`cancel`; workers `claim`, `extend`,
 `finish`, `retry`; any process may `reap` (lock-guarded) and read `get`/`stats`.
 """
 
@@ -10,6 +10,7 @@ import json
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Literal, cast
 
 from redis import Redis
@@ -18,11 +19,32 @@ from shared import clock
 from shared.ids import new_ticket_id
 from shared.keys import QueueKeys
 from shared.models import Ticket, TicketRequest, TicketStatus
-from shared.policy import Policy
+from shared.policy import Policy, RetainedOutcome
 from shared.scoring import effective_priority, queue_score
 from shared.scripts import Scripts
+from shared.shed import ShedCode, shed_cause
 
 EnqueueOutcome = Literal["queued", "existing", "rejected"]
+
+
+WAKE_LIST_CAP = 64
+"""Most wake-up markers the wake list holds: enough to wake every idle worker of a queue."""
+
+LEAN_FIELDS = (
+    "type",
+    "branch_id",
+    "priority",
+    "max_tokens",
+    "ttl_seconds",
+    "idempotency_key",
+    "prompt_chars",
+    "prompt_digest",
+    "created_at",
+    "expires_at",
+)
+"""What a rejected record keeps: what its submitter and the books need, never the prompt. Every value
+stays short, so Redis keeps the record in its compact hash encoding; its words are looked up from
+its shed code when it is read."""
 
 
 @dataclass(frozen=True)
@@ -31,15 +53,18 @@ class EnqueueResult:
     ticket_id: str
     ticket: Ticket | None = None
     """The stored ticket for new and rejected tickets; None for `existing` (read it with `get`)."""
+    code: ShedCode | None = None
+    """Why a rejected ticket was shed."""
 
 
 @dataclass(frozen=True)
 class EnqueueOptions:
-    """Degrade decisions applied at admission: a max_tokens cap, a model route, a deferral."""
+    """What admission decided for one ticket: shed with a code, or admitted with degrade options."""
 
-    max_tokens_cap: int | None = None
     route: str | None = None
     defer_seconds: float = 0.0
+    shed: ShedCode | None = None
+    retry_after: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -109,16 +134,26 @@ class TicketQueue:
             idempotency_key=request.idempotency_key,
             callback_url=str(request.callback_url) if request.callback_url else None,
             prompt_tokens_estimate=request.prompt_tokens_estimate,
+            prompt_chars=request.prompt_chars,
+            prompt_digest=request.prompt_digest,
             created_at=created,
             expires_at=created + ttl,
             max_attempts=self.policy.queue.max_attempts,
         )
 
-    def _enqueue_call(self, ticket: Ticket, client: Any, defer_seconds: float = 0.0) -> Any:
+    def shed_words(self, code: ShedCode, ticket_type: str) -> str:
+        """The stored reason for a shed ticket: the words for its code (shared/shed.py)."""
+        cap = self.policy.type_policy(ticket_type).cap
+        return shed_cause(code, ticket_type, critical_types=self.policy.critical_types, cap=cap)
+
+    def _enqueue_call(self, ticket: Ticket, options: EnqueueOptions, client: Any) -> Any:
         fields = ticket.to_redis()
+        del fields["id"], fields["status"]
         fields["cost"] = str(ticket.cost_tokens)
-        flat = [item for pair in fields.items() for item in pair]
+        lean = [item for name in LEAN_FIELDS if name in fields for item in (name, fields.pop(name))]
+        rest = [item for pair in fields.items() for item in pair]
         idem_key = ticket.idempotency_key or ""
+        queue = self.policy.queue
         return self.scripts.enqueue(
             keys=[
                 self.keys.ticket(ticket.id),
@@ -129,73 +164,81 @@ class TicketQueue:
                 self.keys.counts,
                 self.keys.wake,
                 self.keys.delayed,
+                self.keys.ticket_prefix,
             ],
             args=[
                 ticket.id,
                 ticket.type,
-                repr(queue_score(ticket.priority, ticket.created_at, self.policy.queue.aging_seconds)),
+                repr(queue_score(ticket.priority, ticket.created_at, queue.aging_seconds)),
                 repr(ticket.created_at),
                 repr(ticket.expires_at),
                 idem_key,
                 self.policy.type_policy(ticket.type).cap,
-                self.policy.queue.retention_seconds,
-                repr(ticket.created_at + max(defer_seconds, 0.0)),
-                *flat,
+                self._idempotency_seconds,
+                repr(ticket.created_at + max(options.defer_seconds, 0.0)),
+                options.shed.value if options.shed else "",
+                self.shed_words(options.shed, ticket.type) if options.shed else "",
+                self.shed_words(ShedCode.TYPE_CAP, ticket.type),
+                queue.rejected_retention_seconds,
+                repr(options.retry_after),
+                WAKE_LIST_CAP,
+                len(lean) // 2,
+                *lean,
+                *rest,
             ],
             client=client,
         )
 
     @staticmethod
-    def _result(ticket: Ticket, raw: Sequence[str]) -> EnqueueResult:
+    def _result(ticket: Ticket, options: EnqueueOptions, raw: Sequence[str]) -> EnqueueResult:
         outcome, ticket_id = raw[0], raw[1]
         if outcome == "existing":
             return EnqueueResult("existing", ticket_id)
-        if outcome == "rejected":  # the script's reason, the same text it stored on the ticket
-            rejected = ticket.model_copy(update={"status": TicketStatus.REJECTED, "error": raw[2]})
-            return EnqueueResult("rejected", ticket_id, rejected)
-        return EnqueueResult("queued", ticket_id, ticket)
+        if outcome == "rejected":  # what the script stored: the lean record, its code and words
+            code = ShedCode.parse(raw[2])
+            update = {
+                "id": ticket_id,
+                "status": TicketStatus.REJECTED,
+                "error": raw[3],
+                "shed_code": code.value,
+                "retry_after": options.retry_after,
+                "finished_at": ticket.created_at,
+                "prompt_tokens_estimate": 0,
+                "urgent_level": 0,
+                "vip_level": 0,
+                "is_bulk": False,
+                "prompt": None,
+                "messages": None,
+            }
+            return EnqueueResult("rejected", ticket_id, ticket.model_copy(update=update), code)
+        queued = ticket if ticket_id == ticket.id else ticket.model_copy(update={"id": ticket_id})
+        return EnqueueResult("queued", ticket_id, queued)
 
     def _prepared(self, request: TicketRequest, options: EnqueueOptions) -> Ticket:
         ticket = self.build_ticket(request)
-        update: dict[str, Any] = {}
-        if options.max_tokens_cap is not None and ticket.max_tokens > options.max_tokens_cap:
-            update["max_tokens"] = options.max_tokens_cap
-        if options.route:
-            update["route"] = options.route
-        return ticket.model_copy(update=update) if update else ticket
+        return ticket.model_copy(update={"route": options.route}) if options.route else ticket
+
+    @cached_property
+    def _idempotency_seconds(self) -> int:
+        outcomes: tuple[RetainedOutcome, ...] = ("done", "failed", "expired", "cancelled")
+        return max(self.policy.queue.retention_for(o) for o in outcomes)
 
     # ---- producer side --------------------------------------------------------------------
     def enqueue(self, request: TicketRequest, options: EnqueueOptions | None = None) -> EnqueueResult:
-        """Queue one ticket (or return the earlier one with the same idempotency key)."""
-        opts = options or EnqueueOptions()
-        ticket = self._prepared(request, opts)
-        return self._result(ticket, self._enqueue_call(ticket, self.redis, opts.defer_seconds))
+        """Queue one ticket, record it `rejected` when shed, or return the earlier one with its key."""
+        return self.enqueue_many([request], [options or EnqueueOptions()])[0]
 
     def enqueue_many(
         self, requests: Sequence[TicketRequest], options: Sequence[EnqueueOptions] | None = None
     ) -> list[EnqueueResult]:
-        """Queue many tickets in one pipelined round trip; each is still atomic on its own."""
+        """Submit many tickets in one pipelined round trip; each is still atomic on its own."""
         opts = list(options) if options is not None else [EnqueueOptions()] * len(requests)
         tickets = [self._prepared(r, o) for r, o in zip(requests, opts, strict=True)]
         pipe = self.redis.pipeline(transaction=False)
         for ticket, o in zip(tickets, opts, strict=True):
-            self._enqueue_call(ticket, pipe, o.defer_seconds)
+            self._enqueue_call(ticket, o, pipe)
         raws = pipe.execute()
-        return [self._result(t, raw) for t, raw in zip(tickets, raws, strict=True)]
-
-    def record_rejected(self, request: TicketRequest, reason: str) -> Ticket:
-        """Keep a readable `rejected` record of a shed ticket (one MULTI/EXEC round trip)."""
-        now = clock.now()
-        ticket = self.build_ticket(request, now=now).model_copy(
-            update={"status": TicketStatus.REJECTED, "finished_at": now, "error": reason}
-        )
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.hset(self.keys.ticket(ticket.id), mapping=ticket.to_redis())
-        pipe.expire(self.keys.ticket(ticket.id), self.policy.queue.retention_seconds)
-        pipe.hincrby(self.keys.counts, f"{ticket.type}:submitted", 1)
-        pipe.hincrby(self.keys.counts, f"{ticket.type}:rejected", 1)
-        pipe.execute()
-        return ticket
+        return [self._result(t, o, raw) for t, o, raw in zip(tickets, opts, raws, strict=True)]
 
     def cancel(self, ticket_id: str, reason: str = "cancelled by its branch") -> str:
         """Cancel; returns the status before ("queued"/"running" → now cancelled) or "missing"."""
@@ -215,7 +258,7 @@ class TicketQueue:
                 args=[
                     ticket_id,
                     repr(clock.now()),
-                    self.policy.queue.retention_seconds,
+                    self.policy.queue.retention_spec,
                     reason,
                     len(types),
                     *types,
@@ -264,7 +307,7 @@ class TicketQueue:
                 worker_id,
                 token_budget,
                 "1" if take_first_over_budget else "0",
-                self.policy.queue.retention_seconds,
+                self.policy.queue.retention_spec,
                 len(types),
                 *types,
                 max_count if normal_count is None else min(normal_count, max_count),
@@ -281,6 +324,13 @@ class TicketQueue:
     def wait_for_work(self, timeout: float) -> bool:
         """Block (no polling) until a producer signals new work or `timeout` seconds pass."""
         return self.redis.blpop([self.keys.wake], timeout=max(timeout, 0.01)) is not None
+
+    def wake_workers(self) -> None:
+        """Leave one wake-up marker, as a new ticket does, so an idle worker looks at the queue now."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.lpush(self.keys.wake, "1")
+        pipe.ltrim(self.keys.wake, 0, WAKE_LIST_CAP - 1)
+        pipe.execute()
 
     def extend(self, ticket_id: str, token: str, lease_seconds: float | None = None) -> str:
         """Renew a lease; "ok", or "stale:<status>" when the caller must stop working on it."""
@@ -333,7 +383,7 @@ class TicketQueue:
                 token,
                 repr(clock.now()),
                 status,
-                self.policy.queue.retention_seconds,
+                self.policy.queue.retention_spec,
                 error,
                 *flat,
             ],
@@ -377,7 +427,7 @@ class TicketQueue:
                     repr(clock.now()),
                     repr(delay),
                     error,
-                    self.policy.queue.retention_seconds,
+                    self.policy.queue.retention_spec,
                     "0" if count_attempt else "1",
                 ],
             )
@@ -404,24 +454,33 @@ class TicketQueue:
                 repr(clock.now()),
                 owner,
                 max(int(interval_seconds * 1000), 1),
-                self.policy.queue.retention_seconds,
+                self.policy.queue.retention_spec,
                 limit,
                 len(types),
                 *types,
+                WAKE_LIST_CAP,
             ],
         )
         return ReapResult(bool(swept), requeued, failed, expired, promoted)
 
     # ---- reading ----------------------------------------------------------------------------
     def get(self, ticket_id: str) -> Ticket | None:
-        raw = cast("dict[str, str]", self.redis.hgetall(self.keys.ticket(ticket_id)))
-        return Ticket.from_redis(raw) if raw else None
+        return self.get_many([ticket_id])[0]
 
     def get_many(self, ticket_ids: Sequence[str]) -> list[Ticket | None]:
         pipe = self.redis.pipeline(transaction=False)
         for ticket_id in ticket_ids:
             pipe.hgetall(self.keys.ticket(ticket_id))
-        return [Ticket.from_redis(raw) if raw else None for raw in pipe.execute()]
+        return [self._from_redis(raw) if raw else None for raw in pipe.execute()]
+
+    def _from_redis(self, raw: dict[str, str]) -> Ticket:
+        ticket = Ticket.from_redis(raw)
+        if ticket.shed_code is None or ticket.error is not None:
+            return ticket
+        words = self.shed_words(ShedCode.parse(ticket.shed_code), ticket.type)
+        return ticket.model_copy(
+            update={"error": words, "finished_at": ticket.finished_at or ticket.created_at}
+        )
 
     def stats(self) -> QueueStats:
         """Depth and oldest age per type, in-flight and outcome counts, in one round trip."""

@@ -16,6 +16,7 @@ RATE_LIMITED = "rate_limit_exceeded"
 class ShedCode(StrEnum):
     """A rule that refused a ticket at admission, as its submitter and the metrics see it."""
 
+    REDIS_MEMORY = "redis_memory"
     CRITICAL_ONLY = "critical_only"
     QUEUE_RED = "queue_red"
     KV_CACHE_FULL = "kv_cache_full"
@@ -37,6 +38,7 @@ class ShedCode(StrEnum):
 
 
 _CAUSES: dict[ShedCode, str] = {
+    ShedCode.REDIS_MEMORY: "the queue's memory is nearly full, so we are accepting only {critical}",
     ShedCode.CRITICAL_ONLY: "an operator has limited intake to {critical} for now",
     ShedCode.QUEUE_RED: "we are at peak load and are accepting only {critical}",
     ShedCode.KV_CACHE_FULL: "the inference servers are nearly out of memory",

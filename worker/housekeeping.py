@@ -2,7 +2,7 @@
 
 - reap every second (lock-guarded in Redis, so many workers calling it cost one sweep);
 - sample GPU memory and vLLM's `/metrics` every `resize_seconds` and recompute the batch limit;
-- read whether the monitor has degraded service (caps max_tokens);
+- read whether service is degraded (the control state admission reads; caps max_tokens);
 - write the heartbeat with the figures the monitor and admission read.
 A failure of one chore is logged and retried on the next round; it never stops the others.
 """
@@ -14,13 +14,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import cast
 
 import redis
 import requests
 
-from shared import clock
-from shared.control import STALE_AFTER_SECONDS
+from shared.control import read_control_state
 from shared.queue import TicketQueue
 from worker.batch_sizer import BatchSizer, SizerInputs
 from worker.gpu_memory import GpuBackendError, GpuMemory, GpuMemoryProvider
@@ -156,18 +154,10 @@ class Housekeeping:
             log.info(message)
 
     def heartbeat(self) -> None:
-        self.on_degraded(self._monitor_degraded())
+        self.on_degraded(self._service_degraded())
         self.registry.heartbeat(self.info())
 
-    def _monitor_degraded(self) -> bool:
-        """The monitor's degrade flag, trusted only while the monitor keeps it fresh."""
-        reply = cast(
-            "list[str | None]",
-            self.queue.redis.hmget(self.queue.keys.monitor_state, ["degraded", "updated_at"]),
-        )
-        flag, updated = reply
-        try:
-            fresh = updated is not None and clock.now() - float(updated) <= STALE_AFTER_SECONDS
-        except ValueError:
-            fresh = False
-        return fresh and str(flag) == "1"
+    def _service_degraded(self) -> bool:
+        """Whether service is degraded, from the same control state admission reads."""
+        state, _ = read_control_state(self.queue.redis, self.queue.keys, self.queue.policy.alarms)
+        return state.degraded

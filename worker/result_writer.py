@@ -17,9 +17,6 @@ from worker.vllm_client import Completion
 
 log = logging.getLogger(__name__)
 
-WAKE_LIST_CAP = 64
-"""The wake list is capped like the reaper caps it: enough markers to wake every idle worker."""
-
 
 class ResultWriter:
     def __init__(self, queue: TicketQueue, worker_id: str) -> None:
@@ -69,8 +66,10 @@ class ResultWriter:
         outcome = self.queue.retry(
             running.id, running.token, running.ticket.type, reason, backoff=0, count_attempt=False
         )
-        if outcome == "retry":
-            self._wake_idle_workers()
+        if (
+            outcome == "retry"
+        ):  # back in the pending set: wake an idle worker rather than wait for its timeout
+            self.queue.wake_workers()
         log.info("ticket %s: given back (%s): %s", running.id, reason, outcome)
         return outcome
 
@@ -84,11 +83,3 @@ class ResultWriter:
             backoff=0,
             count_attempt=False,
         )
-
-    def _wake_idle_workers(self) -> None:
-        # The retry script puts a ticket straight back into the pending set but wakes nobody;
-        # without a marker an idle worker would find it only when its blocking wait times out.
-        pipe = self.queue.redis.pipeline(transaction=False)
-        pipe.lpush(self.queue.keys.wake, "1")
-        pipe.ltrim(self.queue.keys.wake, 0, WAKE_LIST_CAP - 1)
-        pipe.execute()

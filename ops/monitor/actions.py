@@ -1,9 +1,9 @@
 """The alarm actions, each run as an rq job so a slow or failing hook never stalls the monitor.
 
 Admission enforces degrade and reject from the published alarm level within one sample, without
-waiting for these jobs; the jobs do what lives outside the queue: record the action in the event
-stream, set the flags `tidegate status` shows (`monitor_state.degraded`, `.rejecting`, the scale
-request) and call the operator's hooks. A hook failure raises, so rq retries the job and finally
+waiting for these jobs, and workers cap answers from that level too; the jobs do what lives outside
+the queue: record the action in the event stream and call the operator's hooks (the desired worker
+count is published by the monitor itself). A hook failure raises, so rq retries the job and finally
 keeps it in its failed-job registry.
 
 A job that runs late (retried, or queued behind others) first checks that its level still stands:
@@ -36,20 +36,12 @@ class ActionSpec:
     """Which policy hook it calls: scale_hook or notify_hook."""
     forward_event: str
     undo_event: str
-    flag: str
-    """The monitor_state field it sets while in force."""
 
 
 ACTIONS: dict[AlarmLevel, ActionSpec] = {
-    AlarmLevel.YELLOW: ActionSpec(
-        "scale_out", AlarmLevel.YELLOW, "scale_hook", "scale_out", "scale_in", "scale_requested"
-    ),
-    AlarmLevel.ORANGE: ActionSpec(
-        "degrade", AlarmLevel.ORANGE, "notify_hook", "degrade", "recover", "degraded"
-    ),
-    AlarmLevel.RED: ActionSpec(
-        "reject_mode", AlarmLevel.RED, "notify_hook", "reject", "recover", "rejecting"
-    ),
+    AlarmLevel.YELLOW: ActionSpec("scale_out", AlarmLevel.YELLOW, "scale_hook", "scale_out", "scale_in"),
+    AlarmLevel.ORANGE: ActionSpec("degrade", AlarmLevel.ORANGE, "notify_hook", "degrade", "recover"),
+    AlarmLevel.RED: ActionSpec("reject_mode", AlarmLevel.RED, "notify_hook", "reject", "recover"),
 }
 
 
@@ -91,14 +83,6 @@ def _run(queue_name: str, spec: ActionSpec, undo: bool, desired_workers: int, ho
         return detail
     if not undo:
         _record(conn, keys, spec, "started")
-    if spec.flag == "scale_requested":
-        flags: dict[str, str | int | float] = {
-            "scale_requested": desired_workers,
-            "scale_requested_at": clock.now(),
-        }
-    else:
-        flags = {spec.flag: "0" if undo else "1"}
-    conn.hset(keys.monitor_state, mapping=flags)
     payload: dict[str, str | int | float] = {
         "queue": queue_name,
         "level": spec.level.label,
@@ -120,12 +104,12 @@ def scale_out(queue_name: str, desired_workers: int, hooks: dict[str, Any]) -> s
 
 
 def degrade(queue_name: str, desired_workers: int, hooks: dict[str, Any]) -> str:
-    """Orange: mark the queue degraded and notify."""
+    """Orange: notify (intake and workers degrade from the published level itself)."""
     return _run(queue_name, ACTIONS[AlarmLevel.ORANGE], False, desired_workers, hooks)
 
 
 def reject_mode(queue_name: str, desired_workers: int, hooks: dict[str, Any]) -> str:
-    """Red: mark the queue rejecting everything but critical types, and notify."""
+    """Red: notify (admission rejects non-critical types from the published level itself)."""
     return _run(queue_name, ACTIONS[AlarmLevel.RED], False, desired_workers, hooks)
 
 

@@ -24,6 +24,7 @@ from rq import Queue
 from ops.monitor.dispatch import JobOptions, action_jobs
 from ops.monitor.hysteresis import AlarmTracker, Transition
 from ops.monitor.leader import Leadership, new_monitor_id
+from ops.monitor.memory_guard import MemoryGuard, MemoryReading, read_memory
 from ops.monitor.outbox import OutboxDrainer
 from ops.monitor.sampler import Sample, Sampler
 from ops.monitor.scaling import ScalingConfig, desired_workers
@@ -58,6 +59,8 @@ class TickResult:
     transitions: list[Transition] = field(default_factory=list)
     callbacks_handed: int = 0
     error: str | None = None
+    memory: MemoryReading | None = None
+    memory_guard: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         doc: dict[str, Any] = {
@@ -71,7 +74,10 @@ class TickResult:
             ],
             "callbacks_handed": self.callbacks_handed,
             "error": self.error,
+            "memory_guard": self.memory_guard,
         }
+        if self.memory is not None:
+            doc.update(redis_used_memory=self.memory.used_bytes, redis_memory_budget=self.memory.budget_bytes)
         if self.sample is not None:
             doc.update(
                 depth=self.sample.depth,
@@ -119,6 +125,7 @@ class Monitor:
         self.outbox = OutboxDrainer(rq_conn, queue_name, self.config.jobs)
         self.tracker: AlarmTracker | None = None
         """The alarm state while acting; rebuilt from what Redis holds on taking over."""
+        self.memory_guard = MemoryGuard(policy.memory)
 
     @property
     def queue_name(self) -> str:
@@ -150,10 +157,15 @@ class Monitor:
     def _act(self, at: float) -> TickResult:
         sample = self.sampler.sample(at)
         desired = self._desired(sample)
+        if self.tracker is None:  # taking over: carry on with the guard as the last monitor left it
+            self.memory_guard.active = _text(self.redis.hget(self.keys.monitor_state, "memory_guard")) == "1"
         tracker = copy.deepcopy(self.tracker) if self.tracker is not None else self._tracker_from_redis()
         transitions = tracker.observe(sample.depth, at)
+        memory = read_memory(self.redis, self.policy.memory)
+        guard_was = self.memory_guard.active
+        guard = self.memory_guard.observe(memory)
         try:
-            self._publish(sample, desired, tracker, transitions, at)
+            self._publish(sample, desired, tracker, transitions, at, memory, guard_was)
         except (NotActing, redis.WatchError):
             log.warning("monitor %s: lock moved before publishing; standing by", self.monitor_id)
             self.leadership.acting = False
@@ -168,8 +180,17 @@ class Monitor:
                 t.depth,
                 self.queue_name,
             )
+        if guard != guard_was:
+            log.warning(
+                "memory guard %s: Redis uses %d of %s bytes",
+                "on" if guard else "off",
+                memory.used_bytes,
+                memory.budget_bytes,
+            )
         handed = self.outbox.drain(self.config.outbox_batch)
-        return TickResult(at, True, tracker.level, sample, desired, transitions, handed)
+        return TickResult(
+            at, True, tracker.level, sample, desired, transitions, handed, memory=memory, memory_guard=guard
+        )
 
     def _desired(self, sample: Sample) -> int:
         return desired_workers(
@@ -183,7 +204,14 @@ class Monitor:
         return AlarmTracker(self.policy.alarms, level, since)
 
     def _publish(
-        self, sample: Sample, desired: int, tracker: AlarmTracker, transitions: list[Transition], at: float
+        self,
+        sample: Sample,
+        desired: int,
+        tracker: AlarmTracker,
+        transitions: list[Transition],
+        at: float,
+        memory: MemoryReading,
+        guard_was: bool,
     ) -> None:
         alarm = {
             "level": tracker.level.label,
@@ -199,6 +227,9 @@ class Monitor:
             "kv_free_min": "" if kv_free is None else round(kv_free, 4),
             "workers_alive": sample.workers_alive,
             "acting_monitor": self.monitor_id,
+            "redis_used_memory": memory.used_bytes,
+            "redis_memory_budget": memory.budget_bytes or "",
+            "memory_guard": "1" if self.memory_guard.active else "0",
             "updated_at": repr(at),
         }
         jobs = action_jobs(self.queue_name, transitions, desired, self.policy.hooks, self.config.jobs)
@@ -217,6 +248,16 @@ class Monitor:
                     "at": repr(t.at),
                 }
                 append_event(pipe, self.keys, "alarm", **fields)
+            if self.memory_guard.active != guard_was:
+                state = "on" if self.memory_guard.active else "off"
+                append_event(
+                    pipe,
+                    self.keys,
+                    "memory_guard",
+                    state=state,
+                    used=memory.used_bytes,
+                    budget=memory.budget_bytes or 0,
+                )
             if jobs:
                 self.actions_queue.enqueue_many(jobs, pipeline=pipe)
             pipe.execute()

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import redis
+import redis.exceptions
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -142,6 +143,17 @@ async def _on_redis_down(request: Request, exc: Exception) -> JSONResponse:
     return error_response(503, error, {"Retry-After": str(REDIS_DOWN_RETRY_AFTER)})
 
 
+async def _on_redis_full(request: Request, exc: Exception) -> JSONResponse:
+    # The memory guard sheds non-critical intake well before this; reaching it means Redis is full.
+    log.error("Redis out of memory while serving %s %s: %s", request.method, request.url.path, exc)
+    error = ErrorObject(
+        message="the queue's Redis is out of memory; nothing was changed, retry shortly",
+        type="service_unavailable",
+        code="redis_memory_full",
+    )
+    return error_response(503, error, {"Retry-After": str(REDIS_DOWN_RETRY_AFTER)})
+
+
 async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
     # Last resort only: the tests drive generated input through every route and expect none here.
     log.exception("unexpected error serving %s %s", request.method, request.url.path)
@@ -155,4 +167,5 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(StarletteHTTPException, _on_http_exception)
     app.add_exception_handler(redis.ConnectionError, _on_redis_down)
     app.add_exception_handler(redis.TimeoutError, _on_redis_down)
+    app.add_exception_handler(redis.exceptions.OutOfMemoryError, _on_redis_full)
     app.add_exception_handler(Exception, _on_unexpected)

@@ -81,21 +81,26 @@ def _branch_for(principal: Principal, given: str | None, loc: list[str | int]) -
     return given
 
 
-def _request_data(body: TicketBody, branch: str) -> dict[str, Any]:
-    data = body.model_dump(mode="json", exclude_unset=True)
-    data["branch_id"] = branch
-    return data
-
-
-def _validated(context: ApiContext, data: dict[str, Any], loc: list[str | int]) -> TicketRequest:
+def _request(
+    context: ApiContext,
+    body: TicketBody,
+    branch: str,
+    loc: list[str | int],
+    idempotency_key: str | None = None,
+) -> TicketRequest:
+    """The parsed body as the request it is, for `branch`, checked against the policy without
+    parsing it again."""
+    update: dict[str, Any] = {"branch_id": branch}
+    if idempotency_key is not None:
+        update["idempotency_key"] = idempotency_key
     try:
-        return context.producer.validate(data)
+        return context.producer.check(body.model_copy(update=update))
     except TicketValidationError as exc:
         raise _Invalid(issues_from_fields(exc.errors, loc)) from None
 
 
 def _shed(context: ApiContext, result: SubmitResult, ticket_type: str) -> Shed:
-    return shed_answer(result, ticket_type, context.policy, context.producer.admission.state())
+    return shed_answer(result, ticket_type, context.policy)
 
 
 def _accepted(result: SubmitResult, ticket: Ticket | None) -> TicketAccepted:
@@ -146,18 +151,15 @@ def submit_ticket(
     """
     try:
         branch = _branch_for(principal, body.branch_id, ["body"])
-        data = _request_data(body, branch)
-        if idempotency_key is not None:
-            if body.idempotency_key is not None and body.idempotency_key != idempotency_key:
-                raise api_error(
-                    409,
-                    f"Idempotency-Key header {idempotency_key!r} differs from the body's idempotency_key "
-                    f"{body.idempotency_key!r}; send one of them, or the same value in both",
-                    code="idempotency_key_conflict",
-                    param="Idempotency-Key",
-                )
-            data["idempotency_key"] = idempotency_key
-        request = _validated(context, data, ["body"])
+        if idempotency_key is not None and body.idempotency_key not in (None, idempotency_key):
+            raise api_error(
+                409,
+                f"Idempotency-Key header {idempotency_key!r} differs from the body's idempotency_key "
+                f"{body.idempotency_key!r}; send one of them, or the same value in both",
+                code="idempotency_key_conflict",
+                param="Idempotency-Key",
+            )
+        request = _request(context, body, branch, ["body"], idempotency_key)
     except _Invalid as exc:
         raise RequestValidationError([issue.model_dump() for issue in exc.issues]) from None
     result = context.producer.submit(request)
@@ -215,7 +217,7 @@ def submit_batch(body: BatchBody, context: Context, principal: Caller) -> BatchR
             except ValidationError as exc:
                 raise _Invalid(issues_from_pydantic(exc.errors(include_url=False), loc)) from None
             branch = _branch_for(principal, parsed.branch_id, loc)
-            valid.append((index, _validated(context, _request_data(parsed, branch), loc)))
+            valid.append((index, _request(context, parsed, branch, loc)))
         except _Invalid as exc:
             items[index] = BatchItemResult(index=index, status_code=422, outcome="invalid", detail=exc.issues)
         except ApiError as exc:

@@ -15,7 +15,7 @@ KEYS[8..7+n] waiting zset of each type, in the order of ARGV[6..]
 
 ARGV[1] ticket id
 ARGV[2] now (Unix seconds)
-ARGV[3] retention seconds
+ARGV[3] retention spec for tickets ended here (lib/tickets.lua `retention_for`)
 ARGV[4] reason
 ARGV[5] n, the number of types
 ARGV[6..5+n] type names

@@ -24,7 +24,7 @@ ARGV[3] lease seconds
 ARGV[4] worker id
 ARGV[5] token budget: most prompt+max_tokens to claim; 0 = no budget
 ARGV[6] "1" = take the first ticket even when it alone exceeds the budget (the worker is idle)
-ARGV[7] retention seconds for tickets ended here
+ARGV[7] retention spec for tickets ended here (lib/tickets.lua `retention_for`)
 ARGV[8] n, the number of types
 ARGV[9..8+n] type names
 ARGV[9+n] most tickets of non-critical types in this claim (≤ ARGV[2])
@@ -40,7 +40,7 @@ local now = tonumber(ARGV[1])
 local limit = tonumber(ARGV[2])
 local lease = tonumber(ARGV[3])
 local budget = tonumber(ARGV[5])
-local retention = tonumber(ARGV[7])
+local retention = ARGV[7]
 local prefix = KEYS[8]
 local ntypes = tonumber(ARGV[8])
 local waiting = waiting_keys(9, 9, ntypes)
@@ -51,14 +51,7 @@ for i = 11 + ntypes, #ARGV do
   critical[ARGV[i]] = true
 end
 
-local due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, 1000)
-for _, id in ipairs(due) do
-  redis.call('ZREM', KEYS[2], id)
-  local score = redis.call('HGET', prefix .. id, 'score')
-  if score then
-    redis.call('ZADD', KEYS[1], score, id)
-  end
-end
+promote_due(KEYS[2], KEYS[1], prefix, now, 1000)
 
 local claimed = {}
 local expired = 0

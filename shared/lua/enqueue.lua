@@ -1,6 +1,9 @@
 --[[
-Enqueue one ticket: ticket hash, priority entry, TTL index and per-type index in one step, honouring
-the branch's idempotency key and the type's queue cap.
+Submit one ticket: either queue it (ticket hash, priority entry, TTL index, per-type index) or record
+it as `rejected` — because admission shed it (ARGV[10]) or its type's queue cap is full — in one
+step. The rejected record is lean (no prompt, no words: readers look them up from the code, and
+short values keep the hash in Redis's compact encoding) and has its own retention; a retry under the same
+idempotency key reuses the record an earlier shed try left instead of writing another.
 
 KEYS[1] ticket hash             {q}:t:<id>
 KEYS[2] pending zset            {q}:pending
@@ -10,45 +13,69 @@ KEYS[5] idempotency key         {q}:idem:<branch>:<key> (untouched when ARGV[6] 
 KEYS[6] counts hash             {q}:counts
 KEYS[7] wake list               {q}:wake
 KEYS[8] delayed zset            {q}:delayed
+KEYS[9] ticket hash prefix      {q}:t:   (the record an idempotency key names; same hash tag)
 
-ARGV[1] ticket id
-ARGV[2] ticket type
-ARGV[3] sorted-set score (shared/scoring.py)
-ARGV[4] created_at (Unix seconds)
-ARGV[5] expires_at (Unix seconds)
-ARGV[6] idempotency key, "" for none
-ARGV[7] cap: most queued tickets of this type
-ARGV[8] retention seconds (idempotency key and rejected record)
-ARGV[9] ready_at: when later than created_at the ticket is deferred (parked in the delayed set)
-ARGV[10..] field, value pairs of the ticket hash
+ARGV[1]  ticket id
+ARGV[2]  ticket type
+ARGV[3]  sorted-set score (shared/scoring.py)
+ARGV[4]  created_at (Unix seconds)
+ARGV[5]  expires_at (Unix seconds)
+ARGV[6]  idempotency key, "" for none
+ARGV[7]  cap: most queued tickets of this type
+ARGV[8]  seconds an accepted ticket's idempotency key lives (its longest retention)
+ARGV[9]  ready_at: when later than created_at the ticket is deferred (parked in the delayed set)
+ARGV[10] shed code admission decided (shared/shed.py), "" when it admitted the ticket
+ARGV[11] words for that code
+ARGV[12] words for the cap's code, used when the cap refuses the ticket
+ARGV[13] seconds a rejected record (and its idempotency key) lives
+ARGV[14] Retry-After seconds a rejected submitter is told
+ARGV[15] most wake-up markers the wake list holds
+ARGV[16] n: the first n field/value pairs below are the lean record's
+ARGV[17..] field, value pairs of the ticket hash (the lean ones first)
 
-Returns {"queued", id} | {"existing", id of the earlier ticket} | {"rejected", id, reason} when the cap is
-reached (the ticket is then recorded as `rejected`, never silently dropped).
+Returns {"queued", id} | {"existing", id of the earlier ticket} | {"rejected", id, code, words}.
 ]]
+-- @include tickets
 
 local id = ARGV[1]
+local ticket_key = KEYS[1]
 local ticket_type = ARGV[2]
+local has_idem = ARGV[6] ~= ''
 
-if ARGV[6] ~= '' then
+if has_idem then
   local existing = redis.call('GET', KEYS[5])
   if existing then
-    -- The key expires with the ticket's retention, so it never outlives the ticket it names.
-    return {'existing', existing}
+    if redis.call('HGET', KEYS[9] .. existing, 'status') ~= 'rejected' then
+      -- The key expires with the ticket's retention, so it never outlives the ticket it names.
+      return {'existing', existing}
+    end
+    -- An earlier try of this submission was shed: this one takes over its id and record.
+    id = existing
+    ticket_key = KEYS[9] .. existing
+    redis.call('DEL', ticket_key)
   end
 end
 
-redis.call('HSET', KEYS[1], unpack(ARGV, 10))
 redis.call('HINCRBY', KEYS[6], ticket_type .. ':submitted', 1)
 
-if redis.call('ZCARD', KEYS[4]) >= tonumber(ARGV[7]) then
-  local reason = 'queue cap reached for type ' .. ticket_type .. ' (cap ' .. ARGV[7] .. ')'
-  redis.call('HSET', KEYS[1], 'status', 'rejected', 'finished_at', ARGV[4], 'error', reason)
-  redis.call('EXPIRE', KEYS[1], ARGV[8])
-  redis.call('HINCRBY', KEYS[6], ticket_type .. ':rejected', 1)
-  return {'rejected', id, reason}
+local code, words = ARGV[10], ARGV[11]
+if code == '' and redis.call('ZCARD', KEYS[4]) >= tonumber(ARGV[7]) then
+  code, words = 'type_cap_reached', ARGV[12]
 end
 
-redis.call('HSET', KEYS[1], 'status', 'queued', 'score', ARGV[3])
+if code ~= '' then
+  local lean_end = 16 + 2 * tonumber(ARGV[16])
+  redis.call('HSET', ticket_key, 'id', id, 'status', 'rejected', 'shed_code', code,
+    'retry_after', ARGV[14], unpack(ARGV, 17, lean_end))
+  redis.call('EXPIRE', ticket_key, ARGV[13])
+  if has_idem then
+    redis.call('SET', KEYS[5], id, 'EX', ARGV[13])
+  end
+  redis.call('HINCRBY', KEYS[6], ticket_type .. ':rejected', 1)
+  return {'rejected', id, code, words}
+end
+
+redis.call('HSET', ticket_key, 'id', id, 'status', 'queued', 'score', ARGV[3], unpack(ARGV, 17))
 if tonumber(ARGV[9]) > tonumber(ARGV[4]) then
   redis.call('ZADD', KEYS[8], ARGV[9], id)
 else
@@ -56,9 +83,8 @@ else
 end
 redis.call('ZADD', KEYS[3], ARGV[5], id)
 redis.call('ZADD', KEYS[4], ARGV[4], id)
-if ARGV[6] ~= '' then
+if has_idem then
   redis.call('SET', KEYS[5], id, 'EX', ARGV[8])
 end
-redis.call('LPUSH', KEYS[7], '1')
-redis.call('LTRIM', KEYS[7], 0, 63)
+wake_workers(KEYS[7], 1, tonumber(ARGV[15]))
 return {'queued', id}

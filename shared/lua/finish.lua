@@ -11,7 +11,7 @@ ARGV[1] ticket id
 ARGV[2] fencing token from the claim
 ARGV[3] now (Unix seconds)
 ARGV[4] final status: "done" or "failed"
-ARGV[5] retention seconds
+ARGV[5] retention spec for tickets ended here (lib/tickets.lua `retention_for`)
 ARGV[6] error text ("" for none)
 ARGV[7..] field, value pairs to store (result, usage, first_token_at, ...)
 

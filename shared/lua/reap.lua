@@ -19,10 +19,11 @@ KEYS[10..9+n] waiting zset of each type, in the order of ARGV[7..]
 ARGV[1] now (Unix seconds)
 ARGV[2] lock owner (any unique string)
 ARGV[3] lock milliseconds: also the shortest time between two sweeps
-ARGV[4] retention seconds for tickets ended here
+ARGV[4] retention spec for tickets ended here (lib/tickets.lua `retention_for`)
 ARGV[5] most tickets handled per step of the sweep
 ARGV[6] n, the number of types
 ARGV[7..6+n] type names
+ARGV[7+n] most wake-up markers the wake list holds
 
 Returns {swept, requeued, failed, expired, promoted}; swept is 0 when another sweep holds the lock.
 ]]
@@ -79,18 +80,9 @@ for _, id in ipairs(stale) do
   end
 end
 
-local due = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now, 'LIMIT', 0, limit)
-for _, id in ipairs(due) do
-  redis.call('ZREM', KEYS[4], id)
-  local score = redis.call('HGET', prefix .. id, 'score')
-  if score then
-    redis.call('ZADD', KEYS[3], score, id)
-    promoted = promoted + 1
-  end
-end
+promoted = promote_due(KEYS[4], KEYS[3], prefix, now, limit)
 
 if requeued + promoted > 0 then
-  for _ = 1, math.min(requeued + promoted, 64) do redis.call('LPUSH', KEYS[8], '1') end
-  redis.call('LTRIM', KEYS[8], 0, 63)
+  wake_workers(KEYS[8], requeued + promoted, tonumber(ARGV[7 + tonumber(ARGV[6])]))
 end
 return {1, requeued, failed, expired, promoted}

@@ -17,7 +17,7 @@ ARGV[2] fencing token from the claim
 ARGV[3] now (Unix seconds)
 ARGV[4] backoff seconds (0 = straight back into the pending set)
 ARGV[5] error text (why this attempt failed)
-ARGV[6] retention seconds
+ARGV[6] retention spec for tickets ended here (lib/tickets.lua `retention_for`)
 ARGV[7] "1" = do not count this attempt (the worker is shutting down, vLLM never saw it)
 
 Returns "retry" | "failed" | "expired", or "stale:<status>" when the caller holds no lease.

@@ -39,6 +39,9 @@ _TIDEGATE_GAUGES = {
     "tidegate_workers_alive",
     "tidegate_worker_inflight",
     "tidegate_redis_up",
+    "tidegate_memory_guard",
+    "tidegate_redis_memory_used_bytes",
+    "tidegate_redis_memory_budget_bytes",
 }
 _TIDEGATE_COUNTERS = {"tidegate_tickets_total", "tidegate_vllm_errors_total"}
 _TIDEGATE_HISTOGRAMS = {

@@ -64,8 +64,8 @@ def test_each_level_runs_its_action_as_a_job_and_green_undoes_them_in_order(
         ("reject_mode", "done"),
     ]
     figures = redis_client.hgetall(monitor.keys.monitor_state)
-    assert (figures["degraded"], figures["rejecting"]) == ("1", "1")
-    assert int(figures["scale_requested"]) == result.desired_workers
+    assert int(figures["desired_workers"]) == result.desired_workers
+    assert not {"degraded", "rejecting", "scale_requested"} & set(figures)  # the level itself is the state
 
     for ticket_id in ids:
         monitor.queue.cancel(ticket_id)
@@ -77,8 +77,6 @@ def test_each_level_runs_its_action_as_a_job_and_green_undoes_them_in_order(
         ("degrade", "undone"),
         ("scale_out", "undone"),
     ]
-    figures = redis_client.hgetall(monitor.keys.monitor_state)
-    assert (figures["degraded"], figures["rejecting"]) == ("0", "0")
 
 
 def test_a_failing_scale_hook_ends_in_rqs_failed_registry_and_the_monitor_goes_on(
@@ -167,7 +165,6 @@ def test_a_late_job_whose_level_has_cleared_is_skipped(
         ("scale_out", "done", "skipped: the alarm is green now"),
         ("scale_out", "undone", "no scale_hook configured"),
     ]
-    assert "scale_requested" in redis_client.hgetall(monitor.keys.monitor_state)
 
 
 def test_hook_errors_name_the_hook_and_the_reason(tmp_path: Path) -> None:

@@ -7,12 +7,13 @@ import random
 import pytest
 from redis import Redis
 
-from producer.admission import RETRY_AFTER_MAX, RETRY_AFTER_MIN, decide, retry_after_seconds
+from producer.admission import RETRY_AFTER_MAX, RETRY_AFTER_MIN, decide, retry_after_seconds, shed_rule
 from producer.producer import Producer
 from shared.control import ControlState, Mode, set_mode
 from shared.keys import QueueKeys
 from shared.models import TicketStatus
 from shared.policy import AlarmLevel, Policy
+from shared.shed import ShedCode
 from tests.monitor.conftest import MonitorFactory
 from tests.monitor.support import FakeClock, fill
 
@@ -51,12 +52,14 @@ def test_red_rejects_complaints_with_retry_after_and_admits_loans(
     rejected = submit(producer, "complaint", vip_level=2)
     assert rejected.outcome == "rejected"
     assert rejected.retry_after is not None and RETRY_AFTER_MIN <= rejected.retry_after <= RETRY_AFTER_MAX
-    assert "red threshold" in rejected.reason
+    assert rejected.code is ShedCode.QUEUE_RED and "peak load" in rejected.reason
     stored = producer.get(rejected.ticket_id)
     assert stored is not None and stored.status is TicketStatus.REJECTED and stored.error == rejected.reason
+    assert stored.shed_code == "queue_red"
     loan = submit(producer, "loan_approval", urgent_level=3, max_tokens=2000)
     assert loan.outcome == "queued"
-    assert loan.ticket is not None and loan.ticket.max_tokens == 512  # degraded cap for loans
+    # Admission leaves max_tokens alone: the worker caps it once, at run time (tests/worker).
+    assert loan.ticket is not None and loan.ticket.max_tokens == 2000
     counts = monitor.queue.stats().counts
     assert counts["complaint:rejected"] == 1 and counts["complaint:submitted"] == 1
     assert counts.get("loan_approval:rejected", 0) == 0
@@ -69,12 +72,11 @@ def test_orange_refuses_archive_queries_and_admits_the_rest_capped(
     fill(monitor.queue, 51)
     assert monitor.tick().level is AlarmLevel.ORANGE
     archive = submit(producer, "archive_query")
-    assert archive.outcome == "rejected" and "orange" in archive.reason and archive.retry_after is not None
+    assert archive.outcome == "rejected" and archive.code is ShedCode.QUEUE_ORANGE
+    assert "paused while the queue drains" in archive.reason and archive.retry_after is not None
     complaint = submit(producer, "complaint", max_tokens=1000)
     loan = submit(producer, "loan_approval", max_tokens=100)
     assert complaint.outcome == "queued" and loan.outcome == "queued"
-    assert complaint.ticket is not None and complaint.ticket.max_tokens == 256
-    assert loan.ticket is not None and loan.ticket.max_tokens == 100  # under the cap: left alone
 
 
 def test_yellow_admits_everything_unchanged(
@@ -102,7 +104,8 @@ def test_red_admits_loans_only_up_to_their_own_cap(
     producer = Producer(redis_client, small, queue_name, admission_cache_seconds=0)
     outcomes = [submit(producer, "loan_approval") for _ in range(4)]
     assert [r.outcome for r in outcomes] == ["queued"] * 3 + ["rejected"]
-    assert "cap" in outcomes[-1].reason and outcomes[-1].retry_after is not None
+    assert outcomes[-1].code is ShedCode.TYPE_CAP and outcomes[-1].retry_after is not None
+    assert "3 loan approval requests are already waiting" in outcomes[-1].reason
 
 
 def test_kv_watermarks_shed_archive_then_complaint_never_loans(
@@ -116,7 +119,7 @@ def test_kv_watermarks_shed_archive_then_complaint_never_loans(
     assert result.sample is not None and result.sample.kv_free_min == pytest.approx(0.12)
     assert result.level is AlarmLevel.GREEN
     archive = submit(producer, "archive_query")
-    assert archive.outcome == "rejected" and "KV cache" in archive.reason
+    assert archive.outcome == "rejected" and archive.code is ShedCode.KV_CACHE_FULL
     assert submit(producer, "complaint").outcome == "queued"
     redis_client.hset(monitor.keys.worker("w-b"), "kv_usage", 0.95)  # 5% free
     monitor.tick()
@@ -148,7 +151,7 @@ def test_critical_only_mode_admits_only_loans(
 ) -> None:
     set_mode(redis_client, QueueKeys(queue_name), Mode.CRITICAL_ONLY, actor="test")
     complaint = submit(producer, "complaint")
-    assert complaint.outcome == "rejected" and "critical-only" in complaint.reason
+    assert complaint.outcome == "rejected" and complaint.code is ShedCode.CRITICAL_ONLY
     assert submit(producer, "loan_approval").outcome == "queued"
     set_mode(redis_client, QueueKeys(queue_name), Mode.NORMAL, actor="test")
     assert submit(producer, "complaint").outcome == "queued"
@@ -178,23 +181,42 @@ def test_fallback_route_only_when_configured(policy: Policy) -> None:
     rng = random.Random(0)
     orange = state(AlarmLevel.ORANGE, depth=60)
     complaint = policy.types["complaint"]
-    with_fallback = decide("complaint", complaint, policy, orange, fallback_configured=True, rng=rng)
-    without = decide("complaint", complaint, policy, orange, fallback_configured=False, rng=rng)
+    with_fallback = decide(complaint, orange, fallback_configured=True, rng=rng)
+    without = decide(complaint, orange, fallback_configured=False, rng=rng)
     assert with_fallback.options.route == "fallback" and without.options.route is None
-    loan = decide(
-        "loan_approval", policy.types["loan_approval"], policy, orange, fallback_configured=True, rng=rng
-    )
+    loan = decide(policy.types["loan_approval"], orange, fallback_configured=True, rng=rng)
     assert loan.admitted and loan.options.route is None
 
 
 def test_defer_policy_admits_with_a_deferral(policy: Policy) -> None:
     deferring = policy.types["archive_query"].model_copy(update={"orange_action": "defer"})
     decision = decide(
-        "archive_query",
         deferring,
-        policy,
         state(AlarmLevel.ORANGE, depth=60, drain_rate=3.0),
         fallback_configured=False,
         rng=random.Random(3),
     )
     assert decision.admitted and 16.0 <= decision.options.defer_seconds <= 24.0
+
+
+@pytest.mark.parametrize(
+    ("ticket_type", "control", "code"),
+    [
+        ("complaint", state(mode=Mode.CRITICAL_ONLY), ShedCode.CRITICAL_ONLY),
+        ("complaint", state(AlarmLevel.RED, depth=90), ShedCode.QUEUE_RED),
+        ("archive_query", state(AlarmLevel.ORANGE, depth=60), ShedCode.QUEUE_ORANGE),
+        ("archive_query", state(kv_free_min=0.01), ShedCode.KV_CACHE_FULL),
+        ("complaint", state(AlarmLevel.ORANGE, depth=60), None),
+        ("loan_approval", state(AlarmLevel.RED, depth=90, mode=Mode.CRITICAL_ONLY, kv_free_min=0.0), None),
+    ],
+)
+def test_each_rule_names_its_code_and_the_decision_carries_it(
+    policy: Policy, ticket_type: str, control: ControlState, code: ShedCode | None
+) -> None:
+    type_policy = policy.types[ticket_type]
+    assert shed_rule(type_policy, control) is code
+    decision = decide(type_policy, control, fallback_configured=False, rng=random.Random(0))
+    assert decision.code is code and decision.admitted is (code is None)
+    assert (
+        decision.enqueue_options.shed is code and decision.enqueue_options.retry_after == decision.retry_after
+    )

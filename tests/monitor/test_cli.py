@@ -31,7 +31,7 @@ def test_mode_set_and_show_are_recorded_and_enforced(
         "actor": "alice",
     }
     rejected = producer.submit({"type": "complaint", "branch_id": "b1", "prompt": "hi"})
-    assert rejected.outcome == "rejected" and "critical-only" in rejected.reason
+    assert rejected.outcome == "rejected" and rejected.code == "critical_only"
 
     doc = json.loads(run_cli("mode", "show", "--json").stdout)
     assert (doc["mode"], doc["actor"], doc["previous"]) == ("critical-only", "alice", "normal")

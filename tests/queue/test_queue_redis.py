@@ -14,6 +14,7 @@ from shared import clock
 from shared.models import TicketRequest, TicketStatus
 from shared.policy import Policy
 from shared.queue import EnqueueOptions, TicketQueue
+from shared.shed import ShedCode
 
 
 class FakeClock:
@@ -129,10 +130,14 @@ def test_type_cap_rejects_and_records(redis_client: Redis, policy: Policy, queue
     results = queue.enqueue_many([req("complaint") for _ in range(5)])
     assert [r.outcome for r in results] == ["queued"] * 3 + ["rejected"] * 2
     answered = results[-1].ticket  # what the submitter is told at once names the cap too
-    assert answered is not None and answered.error == "queue cap reached for type complaint (cap 3)"
+    assert results[-1].code is ShedCode.TYPE_CAP
+    assert (
+        answered is not None
+        and answered.error == "3 complaint requests are already waiting, the most we hold at once"
+    )
     rejected = queue.get(results[-1].ticket_id)
     assert rejected is not None and rejected.status is TicketStatus.REJECTED
-    assert "cap 3" in (rejected.error or "")
+    assert rejected.error == answered.error and rejected.shed_code == "type_cap_reached"
     assert queue.enqueue(req("loan_approval")).outcome == "queued"  # other types unaffected
     assert queue.stats().outcome_count("complaint", "rejected") == 2
 
@@ -277,11 +282,69 @@ def test_deferred_ticket_waits_then_runs(ticket_queue: TicketQueue, fake_clock: 
     assert claim_order(ticket_queue) == [ticket_id]
 
 
-def test_degrade_options_cap_tokens_and_route(ticket_queue: TicketQueue) -> None:
-    options = EnqueueOptions(max_tokens_cap=64, route="fallback")
-    ticket_id = ticket_queue.enqueue(req("complaint", max_tokens=500), options).ticket_id
+def test_degrade_options_route_and_leave_max_tokens_to_the_worker(ticket_queue: TicketQueue) -> None:
+    ticket_id = ticket_queue.enqueue(
+        req("complaint", max_tokens=500), EnqueueOptions(route="fallback")
+    ).ticket_id
     ticket = ticket_queue.get(ticket_id)
-    assert ticket is not None and ticket.max_tokens == 64 and ticket.route == "fallback"
+    assert ticket is not None and ticket.max_tokens == 500 and ticket.route == "fallback"
+
+
+def test_a_shed_ticket_leaves_a_lean_record_with_its_own_retention(
+    ticket_queue: TicketQueue, redis_client: Redis
+) -> None:
+    prompt = "why was my card blocked? " * 400
+    shed = EnqueueOptions(shed=ShedCode.QUEUE_RED, retry_after=12.5)
+    result = ticket_queue.enqueue(req("complaint", prompt=prompt), shed)
+    assert result.outcome == "rejected" and result.code is ShedCode.QUEUE_RED
+    key = ticket_queue.keys.ticket(result.ticket_id)
+    stored = redis_client.hgetall(key)
+    assert "prompt" not in stored and "messages" not in stored and "callback_url" not in stored
+    assert stored["shed_code"] == "queue_red" and stored["retry_after"] == "12.5"
+    assert int(stored["prompt_chars"]) == len(prompt) and len(stored["prompt_digest"]) == 16
+    assert 0 < redis_client.ttl(key) <= ticket_queue.policy.queue.rejected_retention_seconds
+    assert redis_client.object("encoding", key) == "listpack"  # the compact encoding
+    assert int(redis_client.memory_usage(key, samples=0)) < 500
+    ticket = ticket_queue.get(result.ticket_id)
+    assert ticket is not None and ticket.status is TicketStatus.REJECTED and ticket.prompt is None
+    assert ticket.error == ticket_queue.shed_words(ShedCode.QUEUE_RED, "complaint")
+
+
+def test_retries_under_one_idempotency_key_reuse_one_record_until_admitted(
+    ticket_queue: TicketQueue, redis_client: Redis
+) -> None:
+    shed = EnqueueOptions(shed=ShedCode.QUEUE_ORANGE, retry_after=3.0)
+    tries = [ticket_queue.enqueue(req("archive_query", idempotency_key="retry-me"), shed) for _ in range(5)]
+    assert {t.outcome for t in tries} == {"rejected"} and len({t.ticket_id for t in tries}) == 1
+    tag = ticket_queue.keys.ticket_prefix.replace("{", "\\{").replace("}", "\\}")
+    assert len(list(redis_client.scan_iter(match=tag + "*"))) == 1
+    admitted = ticket_queue.enqueue(req("archive_query", idempotency_key="retry-me"))
+    assert admitted.outcome == "queued" and admitted.ticket_id == tries[0].ticket_id
+    ticket = ticket_queue.get(admitted.ticket_id)
+    assert ticket is not None and ticket.status is TicketStatus.QUEUED and ticket.prompt == "hello"
+    assert ticket.shed_code is None and redis_client.ttl(ticket_queue.keys.ticket(ticket.id)) == -1
+    again = ticket_queue.enqueue(req("archive_query", idempotency_key="retry-me"))
+    assert again.outcome == "existing" and again.ticket_id == ticket.id
+    counts = ticket_queue.stats().counts
+    assert counts["archive_query:submitted"] == 6 and counts["archive_query:rejected"] == 5
+
+
+def test_retention_per_outcome_and_prompts_dropped_when_not_kept(
+    redis_client: Redis, policy: Policy, queue_name: str
+) -> None:
+    queue_policy = policy.queue.model_copy(
+        update={"keep_prompts": False, "retention_by_outcome": {"done": 100, "cancelled": 50}}
+    )
+    queue = TicketQueue(redis_client, policy.model_copy(update={"queue": queue_policy}), queue_name)
+    done_id, cancelled_id = (queue.enqueue(req("complaint", prompt=f"p{i}")).ticket_id for i in range(2))
+    assert queue.cancel(cancelled_id) == "queued"
+    lease = queue.claim("w", 1)[0]
+    assert queue.finish(lease.ticket.id, lease.token, "done", result="the answer")
+    done = queue.get(done_id)
+    assert done is not None and done.result == "the answer" and done.prompt is None
+    assert done.prompt_digest is not None and done.prompt_chars == 2
+    assert 90 < redis_client.ttl(queue.keys.ticket(done_id)) <= 100
+    assert 40 < redis_client.ttl(queue.keys.ticket(cancelled_id)) <= 50
 
 
 def test_every_key_carries_the_queue_hash_tag(ticket_queue: TicketQueue, redis_client: Redis) -> None:

@@ -102,6 +102,7 @@ class OverloadBench:
             "surge_window_s": list(s.surge_window()),
             "systems": {name: f.to_dict() for name, f in figures.items()},
             "verdict": verdict,
+            "redis_memory": {run.name: run.redis_memory for run in runs if run.redis_memory},
             "timelines": {run.name: [sample.to_dict() for sample in run.samples] for run in runs},
             "elapsed_s": round(time.monotonic() - began, 1),
         }

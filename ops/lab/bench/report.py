@@ -110,6 +110,16 @@ def print_result(console: Console, result: OverloadResult) -> None:
         console.print(f"{system.name} CPU (cores): {cores}", highlight=False)
         for note in system.notes:
             console.print(f"{system.name}: {note}", highlight=False)
+    for name, memory in result.document.get("redis_memory", {}).items():
+        console.print(
+            f"{name} Redis memory: start {memory['start_bytes'] / 2**20:.1f} MiB, peak "
+            f"{memory['peak_bytes'] / 2**20:.1f} MiB, end {memory['end_bytes'] / 2**20:.1f} MiB; "
+            f"{memory['bytes_per_rejected_record']:.0f} B per rejected record "
+            f"({memory['rejected_records']} records for {memory['rejected_submissions']} 429s: "
+            f"{memory['bytes_per_1000_rejected_submissions'] / 1000:.1f} KB per 1,000), "
+            f"{memory['bytes_per_accepted_ticket']:.0f} B per accepted ticket",
+            highlight=False,
+        )
     for line in verdict_lines(result.verdict):
         console.print(line, highlight=False)
     console.print(

@@ -23,6 +23,7 @@ from redis import Redis
 from ops.lab.bench.baseline_player import BaselinePlayer, SeedClientSettings
 from ops.lab.bench.cpu import CpuMeter
 from ops.lab.bench.figures import Books
+from ops.lab.bench.redis_memory import MemoryWatch, memory_figures
 from ops.lab.bench.scenario import OverloadScenario, split_by_branch
 from ops.lab.bench.sim_probe import SimCounters, served_model
 from ops.lab.bench.timeline import Sample, SystemState, Timeline, sum_counters
@@ -61,6 +62,7 @@ class SystemRun:
     sim: SimCounters
     cpu_cores: dict[str, float]
     notes: list[str] = field(default_factory=list)
+    redis_memory: dict[str, float] = field(default_factory=dict)
 
 
 def start_simulators(
@@ -169,9 +171,11 @@ class SystemRunner:
         cpu = CpuMeter(
             {child.name: child.pid for child in stack.children if child.pid} | {"harness": os.getpid()}
         )
+        memory = MemoryWatch(stack.redis)
         t0 = time.monotonic()
         timeline.start(t0)
         cpu.start()
+        memory.start()
         for player in players:
             player.start()
         started_at = min(player.started_at for player in players)
@@ -180,8 +184,10 @@ class SystemRunner:
             player.close()
         samples = timeline.stop()
         cores = cpu.stop()
+        memory.stop()
         after = _counters(stack.vllm_urls)
         records = sorted((r for p in players for r in p.snapshot()), key=lambda r: r.index)
+        redis_memory = memory_figures(memory, stack.redis, queue.keys, records)
         counts_now = queue.stats().counts
         counts = {k: v - counts_before.get(k, 0) for k, v in counts_now.items()}
         check = check_accounting(counts, records, self.setup.types)
@@ -213,6 +219,7 @@ class SystemRunner:
             after.since(before),
             cores,
             notes,
+            redis_memory,
         )
 
     def baseline(self, plan: Sequence[PlannedArrival]) -> SystemRun:

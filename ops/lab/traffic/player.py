@@ -249,7 +249,9 @@ class TrafficPlayer:
     def _submit(self, record: TicketRecord, attempt: int) -> None:
         arrival = self._arrivals[record.index]
         key = self.key_for(record.branch_id)
-        idempotency = f"{self.settings.run_tag}-{record.request_id}-{attempt}"
+        # Every try of one request carries the same key, as a well-behaved client's retries do, so
+        # the shed tries of a request share one `rejected` record and the admitted one takes it over.
+        idempotency = f"{self.settings.run_tag}-{record.request_id}"
         sent_at = time.time()
         response = self._request(
             "POST", "/v1/tickets", key, json=arrival.body(), headers={"Idempotency-Key": idempotency}

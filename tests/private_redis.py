@@ -1,0 +1,53 @@
+"""A private redis-server on a free loopback port, for tests that need their own settings."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from redis import Redis
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextmanager
+def private_redis(directory: Path, extra_args: Sequence[str] = ()) -> Iterator[str]:
+    """Start `redis-server` with `extra_args`, keeping nothing on disk unless asked; yields its URL."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip("redis-server is not installed")
+    port = _free_port()
+    args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    args += ["--dir", str(directory), *extra_args]
+    process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        client = Redis.from_url(url, socket_connect_timeout=1, socket_timeout=2)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.ping()
+                break
+            except Exception:
+                if time.monotonic() > deadline or process.poll() is not None:
+                    raise RuntimeError(f"redis-server on port {port} did not start") from None
+                time.sleep(0.05)
+        client.close()
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
