@@ -20,7 +20,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 COPY --from=build /wheels /wheels
-RUN pip install /wheels/*.whl \
+RUN wheel=$(ls /wheels/*.whl) && pip install "${wheel}[all]" \
     && rm -rf /wheels \
     && groupadd --system --gid 10001 tidegate \
     && useradd --system --uid 10001 --gid 10001 --create-home --home-dir /home/tidegate tidegate

@@ -22,14 +22,20 @@ class Settings(BaseSettings):
     redis_url: str | None = Field(
         default=None, description="unset: a Redis on 127.0.0.1:6379 if one answers (demo: else embedded)"
     )
-    queue_name: str = Field(default="default", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
-    vllm_url: str = "http://127.0.0.1:8000"
-    fallback_vllm_url: str | None = None
+    queue_name: str = Field(
+        default="default", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="the queue's name"
+    )
+    vllm_url: str = Field(default="http://127.0.0.1:8000", description="the local vLLM endpoint")
+    fallback_vllm_url: str | None = Field(
+        default=None, description="endpoint for tickets routed to the fallback model"
+    )
     policy_file: str | None = None
-    gpu_backend: Literal["nvml", "sim", "auto"] = "auto"
-    max_batch: int = Field(default=32, ge=1, le=1024)
-    safety_margin: float = Field(default=0.15, ge=0, lt=1)
-    kv_high_watermark: float = Field(default=0.85, gt=0, le=1)
+    gpu_backend: Literal["nvml", "sim", "auto"] = Field(default="auto", description="GPU memory source")
+    max_batch: int = Field(default=32, ge=1, le=1024, description="most tickets a worker keeps in flight")
+    safety_margin: float = Field(default=0.15, ge=0, lt=1, description="share of GPU memory kept free")
+    kv_high_watermark: float = Field(
+        default=0.85, gt=0, le=1, description="KV-cache usage above which the batch shrinks"
+    )
     critical_headroom: float = Field(
         default=0.2,
         ge=0,
@@ -40,8 +46,12 @@ class Settings(BaseSettings):
         default=False,
         description="while service is degraded, workers cap other work so critical answers fit their SLO",
     )
-    lease_seconds: float | None = Field(default=None, gt=0)
-    max_attempts: int | None = Field(default=None, ge=1)
+    lease_seconds: float | None = Field(
+        default=None, gt=0, description="lease of a claimed ticket (default: the policy's)"
+    )
+    max_attempts: int | None = Field(
+        default=None, ge=1, description="attempts before `failed` (default: the policy's)"
+    )
     api_max_body_bytes: int = Field(default=1_048_576, ge=1024)
     operator_key: str | None = Field(default=None, description="bootstrap operator API key")
 
@@ -57,3 +67,11 @@ class Settings(BaseSettings):
         if overrides:
             policy = policy.model_copy(update={"queue": policy.queue.model_copy(update=overrides)})
         return policy
+
+
+def setting_help(name: str) -> str:
+    """A command-line option's help from its setting: what it does, its variable and its default."""
+    field = Settings.model_fields[name]
+    default = "" if field.default is None else f", default {field.default}"
+    words = field.description or name
+    return f"{words[:1].upper()}{words[1:]} [TIDEGATE_{name.upper()}{default}]."

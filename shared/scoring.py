@@ -36,10 +36,3 @@ def aging_weight(aging_seconds: float) -> float:
 def queue_score(priority: float, arrival: float, aging_seconds: float) -> float:
     """Sorted-set score: lower is served first. `arrival` is Unix time in seconds."""
     return priority * aging_weight(aging_seconds) + (arrival - SCORE_EPOCH)
-
-
-def wait_rank(priority: float, waited_seconds: float, aging_seconds: float) -> float:
-    """Priority after aging for `waited_seconds` (what an operator reads as "effective now")."""
-    if aging_seconds <= 0:
-        return priority
-    return priority - waited_seconds / aging_seconds

@@ -18,12 +18,12 @@ import redis
 
 from shared.queue import ClaimedTicket, TicketQueue
 from worker import telemetry
-from worker.backoff import VllmHealth
 from worker.batch_sizer import BatchSizer
 from worker.headroom import CriticalHeadroom
 from worker.inflight import InFlight, RunningTicket
 from worker.latency_guard import LatencyGuard
 from worker.result_writer import ResultWriter
+from worker.vllm_health import VllmHealth
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ import redis
 import typer
 
 from shared.cli_support import EXIT_BAD_INPUT, fail, load_settings, print_json
-from shared.config import Settings
+from shared.config import Settings, setting_help
 from shared.keys import QueueKeys
 from shared.metrics import serve
 from shared.redis_conn import RedisUnavailable, connect
@@ -47,46 +47,37 @@ def worker(
     vllm_url: Annotated[
         list[str] | None,
         typer.Option(
-            "--vllm-url", help="vLLM endpoint (repeat, or a comma list, one per GPU) [TIDEGATE_VLLM_URL]."
+            "--vllm-url", help=setting_help("vllm_url") + " Repeat it, or a comma list, one per GPU."
         ),
     ] = None,
     fallback_vllm_url: Annotated[
         str | None,
-        typer.Option("--fallback-vllm-url", help="Endpoint for tickets routed to the fallback model."),
+        typer.Option("--fallback-vllm-url", help=setting_help("fallback_vllm_url")),
     ] = None,
     model: Annotated[
         str | None, typer.Option(help="Served model name (default: asked from /v1/models).")
     ] = None,
     burst: Annotated[bool, typer.Option("--burst", help="Drain the queue, then exit.")] = False,
-    max_batch: Annotated[
-        int | None, typer.Option(help="Most tickets in flight [TIDEGATE_MAX_BATCH, 32].")
-    ] = None,
-    safety_margin: Annotated[
-        float | None, typer.Option(help="Memory kept free [TIDEGATE_SAFETY_MARGIN, 0.15].")
-    ] = None,
-    kv_high_watermark: Annotated[
-        float | None, typer.Option(help="KV usage above which the batch shrinks [0.85].")
-    ] = None,
+    max_batch: Annotated[int | None, typer.Option(help=setting_help("max_batch"))] = None,
+    safety_margin: Annotated[float | None, typer.Option(help=setting_help("safety_margin"))] = None,
+    kv_high_watermark: Annotated[float | None, typer.Option(help=setting_help("kv_high_watermark"))] = None,
     critical_headroom: Annotated[
         float | None,
-        typer.Option(help="Share of the batch kept for critical types [TIDEGATE_CRITICAL_HEADROOM, 0.2]."),
+        typer.Option(help=setting_help("critical_headroom")),
     ] = None,
     slo_guard: Annotated[
         bool | None,
         typer.Option(
             "--slo-guard/--no-slo-guard",
-            help="While service is degraded, cap other types' tickets in flight so critical answers "
-            "fit their SLO [TIDEGATE_SLO_GUARD, off].",
+            help=setting_help("slo_guard"),
         ),
     ] = None,
-    lease_seconds: Annotated[
-        float | None, typer.Option(help="Lease of a claimed ticket (policy: 30 s).")
-    ] = None,
+    lease_seconds: Annotated[float | None, typer.Option(help=setting_help("lease_seconds"))] = None,
     grace_seconds: Annotated[
         float, typer.Option(help="On SIGTERM, time running tickets get to finish.")
     ] = 30.0,
     gpu_backend: Annotated[
-        str | None, typer.Option(help="GPU memory source: nvml, sim or auto [TIDEGATE_GPU_BACKEND].")
+        str | None, typer.Option(help=setting_help("gpu_backend") + " One of nvml, sim, auto.")
     ] = None,
     model_config: Annotated[
         str | None, typer.Option(help="The model's config.json (or its directory), for KV bytes per token.")
@@ -105,7 +96,7 @@ def worker(
     print_vllm_args: Annotated[
         bool, typer.Option("--print-vllm-args", help="Print the vLLM launch flags for this node.")
     ] = False,
-    queue: Annotated[str | None, typer.Option(help="Queue name [TIDEGATE_QUEUE_NAME].")] = None,
+    queue: Annotated[str | None, typer.Option(help=setting_help("queue_name"))] = None,
     worker_id: Annotated[str | None, typer.Option(help="Registry name (default: HOST-gpuN).")] = None,
     heartbeat_seconds: Annotated[float, typer.Option(help="Registry heartbeat interval.")] = 2.0,
     resize_seconds: Annotated[float, typer.Option(help="How often the batch limit is recomputed.")] = 2.0,
@@ -359,8 +350,8 @@ def _supervise(
 
 
 def _run_one(settings: Settings, config: WorkerConfig, backend: Backend, metrics_port: int) -> None:
-    from worker.runner import Worker  # the runtime loads only when a worker really starts
     from worker.telemetry import WorkerGauges, worker_registry
+    from worker.worker import Worker  # the runtime loads only when a worker really starts
 
     client = _connect(settings)
     provider = _gpu_provider(backend, config.vllm_url, config.gpu)

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 
 from shared.policy import Policy
 from worker import telemetry
-from worker.backoff import VllmHealth
 from worker.inflight import AbortReason, InFlight, RunningTicket
 from worker.latency_guard import LatencyGuard
 from worker.result_writer import ResultWriter
 from worker.vllm_client import RequestAborted, VllmClient, VllmError
+from worker.vllm_health import VllmHealth
 
 log = logging.getLogger(__name__)
 

@@ -2,15 +2,13 @@
 
 Every running sequence decodes in every engine step, and each step also carries the prefill of new
 arrivals, so the time per output token grows with the batch. Under a backlog the memory and KV
-limits keep the GPU as full as it can be, which is right for throughput; but in the overload
-benchmark the worker then held ~28 tickets and loans' answers took up to 1.8 s of their 2 s SLO
-before counting their wait in Redis. While the monitor has degraded service (orange and red, when
+limits keep the GPU as full as it can be, which is right for throughput; but then a full batch can
+use most of a critical answer's SLO before its wait in Redis counts. While service is degraded (orange and red, when
 other types are already shed), the guard watches how long critical answers run, from the request to
 the last token, and lowers the cap by a quarter while their 90th percentile exceeds the share of the
 SLO the run may use; it raises the cap by one while it fits with room to spare. The cap bounds the
 claim's normal share only (`worker/headroom.py`): critical tickets may still fill the batch up to
-its limit, so a smaller batch never makes them wait in Redis (capping the whole batch did, 6 s in
-one overload run). The floor keeps most of the throughput (a quarter of `max_batch`); back at
+its limit, so a smaller batch never makes them wait in Redis (capping the whole batch did). The floor keeps most of the throughput (a quarter of `max_batch`); back at
 normal service the cap is lifted. Off by default (`--slo-guard` turns it on): in the overload
 benchmark it lowered loans' p95 but cost throughput, and their p99 stayed within run-to-run noise
 (`ops/lab/bench/RESULTS.md`).

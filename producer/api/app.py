@@ -15,10 +15,10 @@ from fastapi.openapi.utils import get_openapi
 
 from producer.api import routes_ops, routes_tickets
 from producer.api.auth import Authenticator
+from producer.api.body_size import BodySizeLimit
 from producer.api.context import ApiContext
 from producer.api.errors import install_error_handlers
 from producer.api.keys import ApiKeyStore
-from producer.api.limits import BodySizeLimit
 from producer.producer import Producer
 from shared.config import Settings
 from shared.metrics import build_registry

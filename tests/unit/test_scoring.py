@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shared.policy import Policy
-from shared.scoring import effective_priority, queue_score, wait_rank
+from shared.scoring import effective_priority, queue_score
 
 
 def test_contract_examples(policy: Policy) -> None:
@@ -19,6 +19,13 @@ def test_contract_examples(policy: Policy) -> None:
 priorities = st.floats(min_value=-5, max_value=5, allow_nan=False).map(lambda p: round(p, 2))
 arrivals = st.floats(min_value=1.75e9, max_value=1.85e9, allow_nan=False)
 waits = st.floats(min_value=0, max_value=86_400, allow_nan=False)
+
+
+def wait_rank(priority: float, waited_seconds: float, aging_seconds: float) -> float:
+    """The contract's aging, as an operator reads it: one point is worth `aging_seconds` of waiting."""
+    if aging_seconds <= 0:
+        return priority
+    return priority - waited_seconds / aging_seconds
 
 
 @given(p_a=priorities, p_b=priorities, e_a=arrivals, wait=waits, aging=st.sampled_from([0.0, 10.0, 60.0]))

@@ -25,7 +25,7 @@ from shared.policy import Policy, default_policy_text, parse_policy
 from shared.queue import TicketQueue
 from worker.config import WorkerConfig
 from worker.gpu_memory import make_provider
-from worker.runner import Worker
+from worker.worker import Worker
 
 REPO = Path(__file__).resolve().parents[2]
 

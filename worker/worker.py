@@ -27,7 +27,6 @@ from redis import Redis
 from shared import clock
 from shared.policy import Policy
 from shared.queue import TicketQueue
-from worker.backoff import VllmHealth
 from worker.batch_sizer import BatchSizer
 from worker.claim_loop import ClaimLoop
 from worker.config import WorkerConfig
@@ -42,6 +41,7 @@ from worker.registry import WorkerRegistry
 from worker.result_writer import ResultWriter
 from worker.telemetry import GaugeSnapshot
 from worker.vllm_client import VllmClient, VllmError
+from worker.vllm_health import VllmHealth
 
 log = logging.getLogger(__name__)
 

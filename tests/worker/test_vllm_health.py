@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from worker.backoff import VllmHealth
+from worker.vllm_health import VllmHealth
 
 
 def test_pauses_grow_and_reset_on_success() -> None:
