@@ -20,6 +20,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 COPY --from=build /wheels /wheels
+# The one wheel is this build's own; `[all]` names its extras, whose versions pyproject.toml bounds.
+# hadolint ignore=DL3013
 RUN wheel=$(ls /wheels/*.whl) && pip install "${wheel}[all]" \
     && rm -rf /wheels \
     && groupadd --system --gid 10001 tidegate \

@@ -153,16 +153,18 @@ def test_a_degraded_worker_caps_other_work_while_loans_run_slow_and_lifts_it_aft
     batch of 4, well over the 1 s share of its 2 s SLO.
     """
     sim = simulator(time_scale=1, per_seq_slowdown=0.003)
-    state_key = fast_queue.keys.monitor_state
+    alarm_key = fast_queue.keys.alarm
     degraded = threading.Event()
     degraded.set()
     stop = threading.Event()
 
     def monitor() -> None:
-        # What the monitor publishes at orange: the flag, kept fresh.
+        # What the monitor publishes: the alarm level (orange while degraded), kept fresh.
         while not stop.is_set():
+            level = "orange" if degraded.is_set() else "green"
+            now = clock.now()
             fast_queue.redis.hset(
-                state_key, mapping={"degraded": "1" if degraded.is_set() else "0", "updated_at": clock.now()}
+                alarm_key, mapping={"level": level, "since": now, "depth": 0, "updated_at": now}
             )
             stop.wait(0.2)
 
@@ -213,7 +215,7 @@ def test_a_degraded_worker_caps_other_work_while_loans_run_slow_and_lifts_it_aft
     finally:
         stop.set()
         publisher.join(5)
-        fast_queue.redis.delete(state_key)
+        fast_queue.redis.delete(alarm_key)
 
 
 def test_the_guard_is_off_unless_asked_for(
