@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+WAKE_LIST_CAP = 64
+"""Most wake-up markers a queue's wake list holds: enough to wake every idle worker."""
+
 
 @dataclass(frozen=True)
 class QueueKeys:

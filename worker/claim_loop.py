@@ -125,12 +125,7 @@ class ClaimLoop:
 
     def _idle(self, running: int, budget: int | None) -> bool:
         """Nothing was claimed: wait for work, or for room when the budget held tickets back."""
-        keys = self.queue.keys
-        pipe = self.queue.redis.pipeline(transaction=False)
-        pipe.zcard(keys.pending)
-        pipe.zcard(keys.delayed)
-        pipe.zcard(keys.inflight)
-        pending, delayed, leased = (int(n) for n in pipe.execute())
+        pending, delayed, leased = self.queue.sizes()
         if pending > 0 and running > 0:
             # The budget or the normal share held the head back: only a departure makes room.
             self.inflight.wait_for_departure(self.block_seconds)
