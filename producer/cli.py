@@ -231,10 +231,21 @@ def status_document(settings: Settings) -> dict[str, Any]:
         "workers_alive": len(workers),  # type: ignore[arg-type]
         "drain_rate": state.drain_rate,
         "desired_workers": state.desired_workers,
+        "memory_guard": state.memory_guard,
+        "redis_used_memory": state.redis_used_memory,
+        "redis_memory_budget": state.redis_memory_budget,
         "outcomes": stats.counts,
         "events": events[:8],
         "transitions": [e for e in events if e.get("kind") == "alarm"][:STATUS_TRANSITIONS],
     }
+
+
+def _memory_line(doc: dict[str, Any]) -> str:
+    used, budget = doc["redis_used_memory"], doc["redis_memory_budget"]
+    if used is None:
+        return "unknown (no live monitor)"
+    line = f"{used / 2**20:.1f} MiB" + (f" of {budget / 2**20:.1f} MiB" if budget else " (no budget)")
+    return line + (" [bold]memory guard on: non-critical intake shed[/]" if doc["memory_guard"] else "")
 
 
 def _status_view(doc: dict[str, Any]) -> Group:
@@ -244,6 +255,7 @@ def _status_view(doc: dict[str, Any]) -> Group:
     head.add_row("depth", str(doc["depth"]))
     head.add_row("in flight", str(doc["inflight"]))
     head.add_row("workers alive", str(doc["workers_alive"]))
+    head.add_row("redis memory", _memory_line(doc))
     types = Table("type", "queued", "oldest wait s", "done", "rejected", "expired", "failed")
     for t, depth in doc["depth_by_type"].items():
         outcomes = doc["outcomes"]
