@@ -8,7 +8,7 @@ OpenAI clients already parse them; validation failures keep FastAPI's 422 shape
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import redis
@@ -133,25 +133,24 @@ async def _on_http_exception(request: Request, exc: Exception) -> JSONResponse:
     return error_response(exc.status_code, error, exc.headers)
 
 
-async def _on_redis_down(request: Request, exc: Exception) -> JSONResponse:
-    log.warning("Redis unreachable while serving %s %s: %s", request.method, request.url.path, exc)
-    error = ErrorObject(
-        message="the queue's Redis is unreachable; nothing was changed, retry shortly",
-        type="service_unavailable",
-        code="redis_unavailable",
-    )
-    return error_response(503, error, {"Retry-After": str(REDIS_DOWN_RETRY_AFTER)})
+def _redis_trouble(code: str, words: str) -> Callable[[Request, Exception], Awaitable[JSONResponse]]:
+    """A 503 handler for one kind of Redis trouble: nothing was changed, so a retry is safe."""
+
+    async def handler(request: Request, exc: Exception) -> JSONResponse:
+        log.warning("Redis %s while serving %s %s: %s", words, request.method, request.url.path, exc)
+        error = ErrorObject(
+            message=f"the queue's Redis is {words}; nothing was changed, retry shortly",
+            type="service_unavailable",
+            code=code,
+        )
+        return error_response(503, error, {"Retry-After": str(REDIS_DOWN_RETRY_AFTER)})
+
+    return handler
 
 
-async def _on_redis_full(request: Request, exc: Exception) -> JSONResponse:
-    # The memory guard sheds non-critical intake well before this; reaching it means Redis is full.
-    log.error("Redis out of memory while serving %s %s: %s", request.method, request.url.path, exc)
-    error = ErrorObject(
-        message="the queue's Redis is out of memory; nothing was changed, retry shortly",
-        type="service_unavailable",
-        code="redis_memory_full",
-    )
-    return error_response(503, error, {"Retry-After": str(REDIS_DOWN_RETRY_AFTER)})
+# The memory guard sheds non-critical intake well before Redis is full; reaching it means it is.
+_on_redis_down = _redis_trouble("redis_unavailable", "unreachable")
+_on_redis_full = _redis_trouble("redis_memory_full", "out of memory")
 
 
 async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
