@@ -194,56 +194,18 @@ class BatchSizer:
                     self.safety_margin,
                     self.max_batch,
                 )
-            kv = None
-            usage = None
-            free_tokens = None
-            capacity = None
-            if inputs.vllm is not None:
-                usage = inputs.vllm.kv_usage
-                free_tokens = inputs.vllm.free_kv_tokens
-                capacity = inputs.vllm.kv_capacity_tokens
-                if free_tokens is not None:
-                    kv = kv_limit(
-                        free_tokens, per_ticket, self.safety_margin, inputs.own_inflight, self.max_batch
-                    )
-                if capacity is not None:
-                    reserved = reserved_kv_limit(
-                        capacity,
-                        inputs.own_reserved_tokens,
-                        per_ticket,
-                        self.safety_margin,
-                        inputs.own_inflight,
-                        self.max_batch,
-                    )
-                    kv = reserved if kv is None else min(kv, reserved)
-                queueing = inputs.vllm.waiting > 0 and inputs.vllm.running > 0
-                self._waiting_streak = self._waiting_streak + 1 if queueing else 0
-                if self._waiting_streak >= WAITING_SAMPLES:
-                    # vLLM keeps queueing internally: tickets waiting there lose tidegate's priority
-                    # order, so hold them in Redis instead of sending more than vLLM runs.
-                    kv = min(
-                        kv if kv is not None else self.max_batch, clamp(inputs.vllm.running, self.max_batch)
-                    )
-            target = min(x for x in (mem, kv, self.max_batch) if x is not None)
+            kv = self._kv_limit(inputs, per_ticket)
+            vllm = inputs.vllm
+            usage = vllm.kv_usage if vllm is not None else None
             previous = self._limit
-            if usage is not None and usage > self.kv_high_watermark:
-                new = clamp(min(target, int(previous * SHRINK_FACTOR)), self.max_batch)
-                reason = f"KV cache {usage:.0%} above the {self.kv_high_watermark:.0%} watermark"
-                self._recovering = True
-            elif self._recovering and target > previous:
-                # Grow back gradually after a shrink, so the limit does not bounce at the watermark.
-                new = clamp(min(target, max(previous + 1, int(previous * GROW_FACTOR))), self.max_batch)
-                reason = "recovering after KV pressure; " + self._reason(mem, kv)
-                self._recovering = new < target
-            else:
-                new = clamp(target, self.max_batch)
-                reason = self._reason(mem, kv)
-                self._recovering = False
+            new, reason = self._next_limit(
+                min(x for x in (mem, kv, self.max_batch) if x is not None), usage, mem, kv
+            )
             self._limit = new
-            self._free_kv_tokens = free_tokens
-            self._kv_capacity_tokens = capacity
+            self._free_kv_tokens = vllm.free_kv_tokens if vllm is not None else None
+            self._kv_capacity_tokens = vllm.kv_capacity_tokens if vllm is not None else None
             self._reserved_at_sample = inputs.own_reserved_tokens
-            decision = SizerDecision(new, mem, kv, per_ticket, usage, free_tokens, reason)
+            decision = SizerDecision(new, mem, kv, per_ticket, usage, self._free_kv_tokens, reason)
             self.last = decision
         if new != previous:
             log.info(
@@ -256,6 +218,52 @@ class BatchSizer:
                 per_ticket,
             )
         return decision
+
+    def _kv_limit(self, inputs: SizerInputs, per_ticket: int) -> int | None:
+        """The limit vLLM's KV cache allows: free blocks, what this worker reserved, and no more than
+        vLLM runs while it keeps queueing. None without vLLM figures."""
+        vllm = inputs.vllm
+        if vllm is None:
+            return None
+        kv = None
+        if vllm.free_kv_tokens is not None:
+            kv = kv_limit(
+                vllm.free_kv_tokens, per_ticket, self.safety_margin, inputs.own_inflight, self.max_batch
+            )
+        if vllm.kv_capacity_tokens is not None:
+            reserved = reserved_kv_limit(
+                vllm.kv_capacity_tokens,
+                inputs.own_reserved_tokens,
+                per_ticket,
+                self.safety_margin,
+                inputs.own_inflight,
+                self.max_batch,
+            )
+            kv = reserved if kv is None else min(kv, reserved)
+        queueing = vllm.waiting > 0 and vllm.running > 0
+        self._waiting_streak = self._waiting_streak + 1 if queueing else 0
+        if self._waiting_streak >= WAITING_SAMPLES:
+            # vLLM keeps queueing internally: tickets waiting there lose tidegate's priority
+            # order, so hold them in Redis instead of sending more than vLLM runs.
+            kv = min(kv if kv is not None else self.max_batch, clamp(vllm.running, self.max_batch))
+        return kv
+
+    def _next_limit(
+        self, target: int, usage: float | None, mem: int | None, kv: int | None
+    ) -> tuple[int, str]:
+        """The new limit and why: shrink above the KV watermark, grow back gradually after it."""
+        previous = self._limit
+        if usage is not None and usage > self.kv_high_watermark:
+            self._recovering = True
+            reason = f"KV cache {usage:.0%} above the {self.kv_high_watermark:.0%} watermark"
+            return clamp(min(target, int(previous * SHRINK_FACTOR)), self.max_batch), reason
+        if self._recovering and target > previous:
+            # Grow back gradually after a shrink, so the limit does not bounce at the watermark.
+            new = clamp(min(target, max(previous + 1, int(previous * GROW_FACTOR))), self.max_batch)
+            self._recovering = new < target
+            return new, "recovering after KV pressure; " + self._reason(mem, kv)
+        self._recovering = False
+        return clamp(target, self.max_batch), self._reason(mem, kv)
 
     def _reason(self, mem: int | None, kv: int | None) -> str:
         candidates = {"free GPU memory": mem, "free KV cache": kv, "max_batch": self.max_batch}
