@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import redis
 from redis import Redis
+from redis.asyncio import Redis as AsyncRedis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
@@ -52,3 +53,15 @@ def resolve_redis_url(url: str | None) -> str:
 
 def connect(url: str | None) -> Redis:
     return make_client(resolve_redis_url(url))
+
+
+def connect_async(url: str | None, *, read_timeout: float) -> AsyncRedis:
+    """An asyncio client (same URL rules) whose read timeout outlasts the blocking reads made on it."""
+    return AsyncRedis.from_url(
+        resolve_redis_url(url),
+        decode_responses=True,
+        socket_connect_timeout=5,
+        socket_timeout=read_timeout,
+        socket_keepalive=True,
+        health_check_interval=30,
+    )
