@@ -22,14 +22,15 @@ from shared.config import Settings
 from shared.keys import QueueKeys
 from shared.queue import TicketQueue
 from tests.api.server import serve
-from tests.worker.conftest import (  # noqa: F401 - fixtures shared with the worker tests
-    RunningWorker,
-    fast_policy,
-    fast_policy_file,
-    fast_queue,
-    simulator,
-    start_worker,
-)
+from tests.worker import conftest as worker_fixtures
+from tests.worker.conftest import RunningWorker
+
+# The worker tests' fixtures, shared here: the fast policy, its queue, simulators and workers.
+fast_policy_file = worker_fixtures.fast_policy_file
+fast_policy = worker_fixtures.fast_policy
+fast_queue = worker_fixtures.fast_queue
+simulator = worker_fixtures.simulator
+start_worker = worker_fixtures.start_worker
 
 SDK_TIMEOUT = 30.0
 
