@@ -51,7 +51,8 @@ class Gateway:
 
     def client(self, key: str, **options: object) -> openai.OpenAI:
         options.setdefault("max_retries", 0)
-        return openai.OpenAI(base_url=self.v1, api_key=key, timeout=SDK_TIMEOUT, **options)  # type: ignore[arg-type]
+        options.setdefault("timeout", SDK_TIMEOUT)
+        return openai.OpenAI(base_url=self.v1, api_key=key, **options)  # type: ignore[arg-type]
 
     def async_client(self, key: str) -> openai.AsyncOpenAI:
         return openai.AsyncOpenAI(base_url=self.v1, api_key=key, timeout=SDK_TIMEOUT, max_retries=0)
