@@ -9,6 +9,7 @@ from typing import Any
 import openai
 import pytest
 import requests
+from prometheus_client.parser import text_string_to_metric_families
 
 from ops.lab.sim.process import SimulatorProcess
 from shared.models import Ticket, TicketStatus
@@ -70,10 +71,24 @@ def test_chat_answer_is_a_ticket_shaped_like_a_direct_answer(
     assert ours["object"] == direct["object"] == "chat.completion"
 
 
+def _first_token_count(gateway: Gateway, ticket_type: str) -> float:
+    """Streamed calls of `ticket_type` whose first token the API has observed (its /metrics)."""
+    text = requests.get(gateway.base_url + "/metrics", timeout=5).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if (
+                sample.name == "tidegate_e2e_time_to_first_token_seconds_count"
+                and sample.labels["type"] == ticket_type
+            ):
+                return float(sample.value)
+    return 0.0
+
+
 def test_chat_stream_with_usage_relays_every_token_then_done(
     gateway: Gateway, backend: SimulatorProcess
 ) -> None:
     client = gateway.client(gateway.key())
+    observed_before = _first_token_count(gateway, "complaint")
     with client.chat.completions.with_streaming_response.create(
         model="tidegate",
         messages=MESSAGES,
@@ -93,6 +108,7 @@ def test_chat_stream_with_usage_relays_every_token_then_done(
     assert chunks[-1].choices == [] and chunks[-1].usage is not None
     assert chunks[-1].usage.completion_tokens == ticket.usage["completion_tokens"]  # type: ignore[index]
     assert all(c.usage is None for c in chunks[:-1])
+    assert _first_token_count(gateway, "complaint") == observed_before + 1
 
 
 def test_text_completion_streamed_and_not(gateway: Gateway, backend: SimulatorProcess) -> None:
