@@ -60,6 +60,7 @@ class LiveHub:
         self.wake_key = keys.api_wake(uuid.uuid4().hex[:12])
         self._readers: dict[str, LiveReader] = {}
         self._task: asyncio.Task[None] | None = None
+        self._wakes: set[asyncio.Task[None]] = set()
 
     @property
     def readers(self) -> int:
@@ -79,10 +80,19 @@ class LiveHub:
             await self.redis.delete(self.wake_key)
         await self.redis.aclose()
 
-    async def open(self, ticket_id: str) -> LiveReader:
-        """Start reading `ticket_id`'s live stream (from its start, so nothing written is missed)."""
+    def open(self, ticket_id: str) -> LiveReader:
+        """Start reading `ticket_id`'s live stream (from its start, so nothing written is missed).
+
+        The wake-up is sent in the background: the caller's answer need not wait for it.
+        """
         reader = LiveReader(self, self.keys.live(ticket_id))
         self._readers[reader.key] = reader
+        task = asyncio.get_running_loop().create_task(self._wake())
+        self._wakes.add(task)
+        task.add_done_callback(self._wakes.discard)
+        return reader
+
+    async def _wake(self) -> None:
         try:
             pipe = self.redis.pipeline(transaction=False)
             pipe.xadd(self.wake_key, {"w": "1"}, maxlen=1)
@@ -90,7 +100,6 @@ class LiveHub:
             await pipe.execute()
         except redis.RedisError as exc:  # the hub's next read includes the reader anyway
             log.warning("could not wake the live hub: %s", exc)
-        return reader
 
     def forget(self, reader: LiveReader) -> None:
         if self._readers.get(reader.key) is reader:

@@ -78,7 +78,7 @@ async def _serve(request: Request, context: ApiContext, principal: Caller, endpo
     if result.outcome == "rejected":
         return _shed(context, call, result, shape)
     assert result.ticket is not None
-    reader = await context.hub.open(result.ticket_id)
+    reader = context.hub.open(result.ticket_id)
     wait = TicketWait(context.hub.redis, context.producer.queue.keys, reader, result.ticket)
 
     async def cancel() -> None:
