@@ -27,6 +27,7 @@ import httpx
 from ops.lab.bench.cpu import process_cpu_seconds
 from ops.lab.stack.stack import SimSettings, Stack, StackConfig, WorkerSettings
 from producer.api.keys import ApiKeyStore, Role
+from shared.policy import default_policy_text
 
 PROMPT = [{"role": "user", "content": "Summarise the account activity of customer 7781."}]
 
@@ -115,11 +116,14 @@ async def _one_stream(client: httpx.AsyncClient, url: str, body: dict[str, Any])
     return chunks
 
 
-async def _wait_queued(stack: Stack, count: int, timeout: float) -> None:
+async def _wait_queued(stack: Stack, tasks: list[asyncio.Task[int]], timeout: float) -> None:
     deadline = time.monotonic() + timeout
-    while stack.redis.zcard(stack.queue_keys.pending) < count:
+    while stack.redis.zcard(stack.queue_keys.pending) < len(tasks):
+        failed = [t for t in tasks if t.done() and t.exception() is not None]
+        if failed:
+            raise RuntimeError(f"{len(failed)} calls failed while opening: {failed[0].exception()!r}")
         if time.monotonic() > deadline:
-            raise RuntimeError(f"fewer than {count} calls reached the queue within {timeout:.0f} s")
+            raise RuntimeError(f"fewer than {len(tasks)} calls reached the queue within {timeout:.0f} s")
         await asyncio.sleep(0.1)
 
 
@@ -142,7 +146,7 @@ async def _many(stack: Stack, key: str, options: GatewayOptions, api_pid: int) -
         timeout=300, limits=limits, headers={"Authorization": f"Bearer {key}"}
     ) as client:
         tasks = [asyncio.create_task(_one_stream(client, url, body)) for _ in range(options.streams)]
-        await _wait_queued(stack, options.streams, 120)
+        await _wait_queued(stack, tasks, 120)
         await asyncio.sleep(1.0)  # every call past admission and waiting on its stream
         rss_open = _rss_bytes(api_pid)
         opened_seconds = time.monotonic() - started
@@ -173,8 +177,22 @@ async def _many(stack: Stack, key: str, options: GatewayOptions, api_pid: int) -
     return out
 
 
+def _policy_without_alarms(run_dir: Path, streams: int) -> Path:
+    """The default policy with its alarm thresholds above N queued calls: nothing is shed here."""
+    text = default_policy_text()
+    alarms = "[alarms]\nyellow = 30\norange = 50\nred = 80\n"
+    if alarms not in text:
+        raise RuntimeError("the default policy's [alarms] table changed shape; update the gateway bench")
+    high = f"[alarms]\nyellow = {streams * 10}\norange = {streams * 20}\nred = {streams * 30}\n"
+    path = run_dir / "policy.toml"
+    path.write_text(text.replace(alarms, high), encoding="utf-8")
+    return path
+
+
 def run_gateway_bench(redis_url: str, run_dir: Path, options: GatewayOptions) -> dict[str, Any]:
+    run_dir.mkdir(parents=True, exist_ok=True)
     config = StackConfig(
+        policy_file=str(_policy_without_alarms(run_dir, options.streams)),
         redis_url=redis_url,
         queue_name=f"bench-gateway-{uuid.uuid4().hex[:8]}",
         run_dir=run_dir,
