@@ -95,3 +95,21 @@ def test_a_non_streamed_call_that_times_out_while_queued_is_cancelled(gateway: G
     )
     assert counts.get("complaint:submitted") == 1
     assert gateway.queue.stats().depth == 0, "the cancelled ticket is still queued"
+
+
+def test_a_request_vllm_refuses_answers_its_error_streamed_or_not(
+    gateway: Gateway,
+    simulator: Callable[..., SimulatorProcess],
+    start_worker: Callable[..., RunningWorker],
+) -> None:
+    sim = simulator(max_model_len=256)  # max_tokens 1000 cannot fit: vLLM answers 400
+    start_worker(sim.base_url, gpu_backend=None)
+    client = gateway.client(gateway.key(default_type="complaint"))
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model="tidegate", messages=LOAN_MESSAGES, max_tokens=1000)  # type: ignore[arg-type]
+    assert refused.value.code == "ticket_failed" and "256" in refused.value.message
+    with pytest.raises(openai.APIError) as broken:
+        list(client.completions.create(model="tidegate", prompt="hello", max_tokens=1000, stream=True))
+    assert "vLLM rejected the request (400)" in broken.value.message
+    counts = gateway.queue.stats().counts
+    assert counts.get("complaint:failed") == 2 and not counts.get("complaint:cancelled")
