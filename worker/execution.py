@@ -68,7 +68,12 @@ class Executor:
         if running.ticket.live is None:
             return None
         queue = self.writer.queue
-        return LivePublisher(queue.redis, queue.keys, running.ticket)
+        return LivePublisher(
+            queue.redis,
+            queue.keys,
+            running.ticket,
+            on_cancel=lambda: running.handle.abort(AbortReason.CANCELLED),
+        )
 
     def _run(self, running: RunningTicket) -> None:
         client = self.client_for(running)

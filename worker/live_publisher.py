@@ -8,6 +8,7 @@ reader finds it when its capped wait runs out.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import redis
 from redis import Redis
@@ -21,12 +22,20 @@ log = logging.getLogger(__name__)
 
 
 class LivePublisher:
-    """One ticket's live stream: `token` per piece of text, then `retry` or `end`."""
+    """One ticket's live stream: `token` per piece of text, then `retry` or `end`.
 
-    def __init__(self, client: Redis, keys: QueueKeys, ticket: Ticket) -> None:
+    Each token's write also reads the ticket's status in the same round trip, so a streamed ticket
+    cancelled by its caller calls `on_cancel` at its next token instead of at the next lease renewal.
+    """
+
+    def __init__(
+        self, client: Redis, keys: QueueKeys, ticket: Ticket, on_cancel: Callable[[], object] | None = None
+    ) -> None:
         self.client = client
         self.key = keys.live(ticket.id)
+        self.ticket_key = keys.ticket(ticket.id)
         self.ticket = ticket
+        self.on_cancel = on_cancel
         self.maxlen = max_entries(ticket.max_tokens)
         self._expiry_set = False
         self._broken = False
@@ -34,13 +43,18 @@ class LivePublisher:
     def _add(self, fields: dict[str, str]) -> None:
         if self._broken:
             return
+        token = fields["kind"] == LiveKind.TOKEN
         try:
             pipe = self.client.pipeline(transaction=False)
             pipe.xadd(self.key, fields, maxlen=self.maxlen, approximate=True)  # type: ignore[arg-type]
-            if not self._expiry_set or fields["kind"] != LiveKind.TOKEN:
+            if not self._expiry_set or not token:
                 pipe.expire(self.key, expiry_seconds(self.ticket.expires_at - clock.now()))
-            pipe.execute()
+            if token:
+                pipe.hget(self.ticket_key, "status")
+            replies = pipe.execute()
             self._expiry_set = True
+            if token and replies[-1] == "cancelled" and self.on_cancel is not None:
+                self.on_cancel()
         except redis.RedisError as exc:
             self._broken = True
             log.warning(

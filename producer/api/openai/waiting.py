@@ -45,7 +45,7 @@ class Ending:
         if self.status == TicketStatus.FAILED:
             match = _REJECTED_BY_VLLM.match(self.error)
             return int(match.group(1)) if match else 502
-        return {TicketStatus.EXPIRED: 504, TicketStatus.CANCELLED: 409}.get(TicketStatus(self.status), 502)
+        return {TicketStatus.EXPIRED: 504, TicketStatus.CANCELLED: 410}.get(TicketStatus(self.status), 502)
 
     @classmethod
     def of_ticket(cls, ticket: Ticket) -> Ending:
