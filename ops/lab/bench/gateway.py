@@ -82,8 +82,9 @@ def low_load(stack: Stack, key: str, options: GatewayOptions) -> dict[str, Any]:
     body = {"messages": PROMPT, "max_tokens": options.max_tokens, "stream": True}
     with httpx.Client(timeout=30) as client:
         model = client.get(sim_url + "/v1/models").json()["data"][0]["id"]
-        direct_call = (sim_url + "/v1/chat/completions", {**body, "model": model}, {})
-        gateway_call = (
+        Call = tuple[str, dict[str, Any], dict[str, str]]
+        direct_call: Call = (sim_url + "/v1/chat/completions", {**body, "model": model}, {})
+        gateway_call: Call = (
             stack.api_url + "/v1/chat/completions",
             {**body, "model": "tidegate"},
             {"Authorization": f"Bearer {key}"},
@@ -118,7 +119,7 @@ async def _one_stream(client: httpx.AsyncClient, url: str, body: dict[str, Any])
 
 async def _wait_queued(stack: Stack, tasks: list[asyncio.Task[int]], timeout: float) -> None:
     deadline = time.monotonic() + timeout
-    while stack.redis.zcard(stack.queue_keys.pending) < len(tasks):
+    while int(stack.redis.zcard(stack.queue_keys.pending)) < len(tasks):  # type: ignore[arg-type]
         failed = [t for t in tasks if t.done() and t.exception() is not None]
         if failed:
             raise RuntimeError(f"{len(failed)} calls failed while opening: {failed[0].exception()!r}")

@@ -137,7 +137,7 @@ def _as_bad_request(exc: TicketValidationError, call: Call) -> ApiError:
 
 
 def _shed(context: ApiContext, call: Call, result: SubmitResult, shape: Shape) -> Response:
-    shed = shed_for(result, call.ticket_type, context.policy, context.producer.admission.state())
+    shed = shed_for(result, call.ticket_type, context.policy)
     headers = {**shed.headers, TICKET_HEADER: result.ticket_id, SHED_HEADER: shed.error.code or "shed"}
     type_policy = context.policy.type_policy(call.ticket_type)
     if type_policy.shed_answer == "degraded":
