@@ -111,11 +111,13 @@ class LiveHub:
             streams.update({key: reader.last_id for key, reader in self._readers.items()})
             try:
                 reply = await self.redis.xread(streams, count=ENTRIES_PER_READ, block=self.block_ms)  # type: ignore[arg-type]
+                self._dispatch(reply or [])
             except redis.RedisError as exc:
                 log.warning("live hub read failed (%s); waiting calls fall back to the ticket", exc)
                 await asyncio.sleep(ERROR_PAUSE_SECONDS)
-                continue
-            self._dispatch(reply or [])
+            except Exception:  # a bug must not end the hub: waiting calls would only see the ticket
+                log.exception("live hub read failed unexpectedly; reading on")
+                await asyncio.sleep(ERROR_PAUSE_SECONDS)
 
     def _dispatch(self, reply: list[tuple[str, list[tuple[str, Entry]]]]) -> None:
         for key, entries in reply:

@@ -7,6 +7,7 @@ ticket itself is read once, so every ticket's ending is seen even when its strea
 
 from __future__ import annotations
 
+import random
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -21,7 +22,9 @@ from shared.live import LiveKind
 from shared.models import Ticket, TicketStatus
 
 CHECK_SECONDS = 5.0
-"""Longest wait for a stream entry before the ticket itself is read."""
+"""Longest wait for a stream entry before the ticket itself is read (each call draws a little less,
+so calls that arrived together do not all read their tickets in the same instant)."""
+CHECK_JITTER = 0.2
 OVERDUE_SECONDS = 30.0
 """Past its expiry plus this, a ticket nobody ended (no reaper running) is given up on."""
 _REJECTED_BY_VLLM = re.compile(r"^vLLM rejected the request \((4\d\d)\)")
@@ -86,6 +89,7 @@ class TicketWait:
         self.reader = reader
         self.ticket_id = ticket.id
         self.give_up_at = ticket.expires_at + OVERDUE_SECONDS
+        self.check_seconds = CHECK_SECONDS * (1 - random.uniform(0, CHECK_JITTER))
 
     async def read_ticket(self) -> Ticket | None:
         raw = await self.client.hgetall(self.keys.ticket(self.ticket_id))  # type: ignore[misc]
@@ -93,7 +97,7 @@ class TicketWait:
 
     async def events(self) -> AsyncIterator[Event]:
         while True:
-            entry = await self.reader.next(CHECK_SECONDS)
+            entry = await self.reader.next(self.check_seconds)
             if entry is None:
                 ending = await self._check()
                 if ending is not None:
