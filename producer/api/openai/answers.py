@@ -78,9 +78,7 @@ async def _send_json(send: Send, response: JSONResponse) -> None:
     await send({"type": "http.response.body", "body": response.body})
 
 
-def whole_answer(
-    call: Call, wait: TicketWait, shape: Shape, cancel: Cancel
-) -> Callable[[Send], Awaitable[None]]:
+def whole_answer(wait: TicketWait, shape: Shape, cancel: Cancel) -> Callable[[Send], Awaitable[None]]:
     """The non-streamed answer: one JSON body once the ticket has ended."""
 
     async def answer(send: Send) -> None:

@@ -110,7 +110,7 @@ async def _serve(request: Request, context: ApiContext, principal: Caller, endpo
     answer = (
         streamed_answer(call, wait, shape, cancel, arrived)
         if call.stream
-        else whole_answer(call, wait, shape, cancel)
+        else whole_answer(wait, shape, cancel)
     )
     return LiveResponse(answered, cancel)
 
