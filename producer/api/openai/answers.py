@@ -7,12 +7,14 @@ and the existing cancel path aborts its vLLM request.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Awaitable, Callable
 
 import anyio
+import redis
 from fastapi.responses import JSONResponse, Response
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from producer.api.errors import error_response
 from producer.api.openai.call import Call
@@ -21,6 +23,8 @@ from producer.api.openai.wire import DONE_EVENT, SHED_FINISH_REASON, Shape, Usag
 from producer.api.schemas import ErrorObject
 from shared.metrics import E2E_TIME_TO_FIRST_TOKEN_SECONDS
 from shared.models import TicketStatus
+
+log = logging.getLogger("tidegate.api")
 
 TICKET_HEADER = "X-Tidegate-Ticket-Id"
 SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
@@ -56,6 +60,49 @@ class LiveResponse(Response):
         if left:
             with anyio.CancelScope(shield=True):
                 await self.on_leave()
+
+
+def guarded(
+    answer: Callable[[Send], Awaitable[None]], ticket_id: str, on_exit: Callable[[], None]
+) -> Callable[[Send], Awaitable[None]]:
+    """`answer`, so that a failure while answering (Redis lost, a bug) still answers the caller."""
+
+    async def run(send: Send) -> None:
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await answer(tracked)
+        except Exception as exc:
+            await _answer_failure(tracked, exc, started, ticket_id)
+        finally:
+            on_exit()
+
+    return run
+
+
+async def _answer_failure(send: Send, exc: Exception, started: bool, ticket_id: str) -> None:
+    if not isinstance(exc, redis.RedisError):
+        log.exception("answering ticket %s failed", ticket_id)
+    error = ErrorObject(
+        message=f"the answer of ticket {ticket_id} could not be relayed ({type(exc).__name__}); "
+        f"read it at GET /v1/tickets/{ticket_id}",
+        type="service_unavailable",
+        code="relay_failed",
+        ticket_id=ticket_id,
+    )
+    if started:
+        await send(
+            {"type": "http.response.body", "body": sse({"error": error.model_dump(exclude_none=True)})}
+        )
+        return
+    response = error_response(503, error, {TICKET_HEADER: ticket_id})
+    await send({"type": "http.response.start", "status": 503, "headers": response.raw_headers})
+    await send({"type": "http.response.body", "body": response.body})
 
 
 def _ending_error(ending: Ending, ticket_id: str) -> ErrorObject:

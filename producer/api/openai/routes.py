@@ -8,36 +8,32 @@ and wait on the live-stream hub, so an open call costs a coroutine, not a thread
 from __future__ import annotations
 
 import json
-import logging
 import time
 from typing import Any
 
-import redis
 from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
-from starlette.types import Message, Send
 
 from producer.api.context import ApiContext, Caller, Context
-from producer.api.errors import UNAUTHORIZED, ApiError, api_error, error_response, error_responses
+from producer.api.errors import UNAUTHORIZED, ApiError, api_error, error_responses
 from producer.api.openai.answers import (
     TICKET_HEADER,
     LiveResponse,
+    guarded,
     shed_answer,
     streamed_answer,
     whole_answer,
 )
 from producer.api.openai.call import Call, Endpoint, bad_request, parse_call
 from producer.api.openai.waiting import TicketWait
-from producer.api.openai.wire import Shape, sse
-from producer.api.schemas import ErrorObject
+from producer.api.openai.wire import Shape
 from producer.api.shed import shed_answer as shed_for
 from producer.producer import SubmitResult
 from shared.errors import TicketValidationError
 from shared.models import TicketRequest
 
 router = APIRouter(prefix="/v1", tags=["openai"])
-log = logging.getLogger("tidegate.api")
 
 _ERRORS = error_responses(
     {
@@ -92,47 +88,12 @@ async def _serve(request: Request, context: ApiContext, principal: Caller, endpo
             context.producer.queue.cancel, result.ticket_id, "its caller closed the connection"
         )
 
-    async def answered(send: Send) -> None:
-        started = False
-
-        async def tracked(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await answer(tracked)
-        except Exception as exc:  # Redis lost mid-answer, or a bug: the caller still gets an answer
-            await _answer_failure(tracked, exc, started, result.ticket_id)
-        finally:
-            wait.close()
-
     answer = (
         streamed_answer(call, wait, shape, cancel, arrived)
         if call.stream
         else whole_answer(wait, shape, cancel)
     )
-    return LiveResponse(answered, cancel)
-
-
-async def _answer_failure(send: Send, exc: Exception, started: bool, ticket_id: str) -> None:
-    if not isinstance(exc, redis.RedisError):
-        log.exception("answering ticket %s failed", ticket_id)
-    error = ErrorObject(
-        message=f"the answer of ticket {ticket_id} could not be relayed ({type(exc).__name__}); "
-        f"read it at GET /v1/tickets/{ticket_id}",
-        type="service_unavailable",
-        code="relay_failed",
-        ticket_id=ticket_id,
-    )
-    if started:
-        await send(
-            {"type": "http.response.body", "body": sse({"error": error.model_dump(exclude_none=True)})}
-        )
-        return
-    response = error_response(503, error, {TICKET_HEADER: ticket_id})
-    await send({"type": "http.response.start", "status": 503, "headers": response.raw_headers})
-    await send({"type": "http.response.body", "body": response.body})
+    return LiveResponse(guarded(answer, result.ticket_id, wait.close), cancel)
 
 
 async def _check_model(context: ApiContext, model: str) -> None:
