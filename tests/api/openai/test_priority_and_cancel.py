@@ -114,3 +114,23 @@ def test_a_request_vllm_refuses_answers_its_error_streamed_or_not(
     assert "vLLM rejected the request (400)" in broken.value.message
     counts = gateway.queue.stats().counts
     assert counts.get("complaint:failed") == 2 and not counts.get("complaint:cancelled")
+
+
+def test_a_non_streamed_call_closed_while_running_aborts_the_request(
+    gateway: Gateway,
+    simulator: Callable[..., SimulatorProcess],
+    start_worker: Callable[..., RunningWorker],
+) -> None:
+    sim = simulator(time_scale=1, decode_step_s=0.05)  # the answer would take many seconds
+    start_worker(sim.base_url, gpu_backend=None)
+    client = gateway.client(gateway.key(default_type="complaint"), timeout=httpx.Timeout(1.5))
+    with pytest.raises(openai.APITimeoutError):
+        client.chat.completions.create(model="tidegate", messages=LOAN_MESSAGES, max_tokens=2000)  # type: ignore[arg-type]
+    wait_for(
+        lambda: sim_metric(sim.base_url, "tidegate_sim_aborted_requests_total") == 1,
+        5,
+        "the simulator to count the request aborted",
+        interval=0.05,
+    )
+    counts = gateway.queue.stats().counts
+    assert counts.get("complaint:cancelled") == 1 and not counts.get("complaint:done")
