@@ -1,4 +1,4 @@
-"""`tidegate bench queue` and `tidegate bench overload`."""
+"""`tidegate bench queue`, `tidegate bench overload` and `tidegate bench gateway`."""
 
 from __future__ import annotations
 
@@ -13,12 +13,14 @@ from rich.table import Table
 from shared.cli_support import fail, load_settings, print_json
 from shared.redis_conn import RedisUnavailable, resolve_redis_url
 
-app = typer.Typer(add_completion=False, help="Benchmarks: overload scenario and queue speed.")
+app = typer.Typer(
+    add_completion=False, help="Benchmarks: overload scenario, queue speed and the OpenAI front door."
+)
 
 
 @app.callback()
 def bench() -> None:
-    """Benchmarks: overload scenario and queue speed."""
+    """Benchmarks: overload scenario, queue speed and the OpenAI front door."""
 
 
 @app.command("queue")
