@@ -56,6 +56,14 @@ class QueueKeys:
     def ticket(self, ticket_id: str) -> str:
         return self.ticket_prefix + ticket_id
 
+    def live(self, ticket_id: str) -> str:
+        """STREAM of a ticket's answer as it is generated (tokens, then its end), bounded and expiring."""
+        return self._key(f"live:{ticket_id}")
+
+    def api_wake(self, instance: str) -> str:
+        """STREAM an API process writes to interrupt its own blocking read of the live streams."""
+        return self._key(f"api-wake:{instance}")
+
     def idempotency(self, branch_id: str, key: str) -> str:
         return self._key(f"idem:{branch_id}:{key}")
 

@@ -58,6 +58,12 @@ TIME_TO_FIRST_TOKEN_SECONDS = Histogram(
     ["type"],
     buckets=LATENCY_BUCKETS,
 )
+E2E_TIME_TO_FIRST_TOKEN_SECONDS = Histogram(
+    "tidegate_e2e_time_to_first_token_seconds",
+    "Seconds from a streamed OpenAI-style call's arrival at the API to its first token sent to the caller.",
+    ["type"],
+    buckets=(0.01, 0.025, *LATENCY_BUCKETS),
+)
 LATENCY_SECONDS = Histogram(
     "tidegate_latency_seconds",
     "Seconds from submission to the final answer.",

@@ -20,6 +20,9 @@ from pydantic import (
 from shared.policy import Policy, UnknownTicketType
 from shared.tokens import estimate_tokens
 
+LiveMode = Literal["tokens", "end"]
+"""What the worker publishes to the ticket's live stream: every token and the end, or only the end."""
+
 
 class TicketStatus(StrEnum):
     QUEUED = "queued"
@@ -61,6 +64,8 @@ class TicketRequest(BaseModel):
     ttl_seconds: float | None = Field(default=None, gt=0, le=7 * 86_400)
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=128)
     callback_url: AnyHttpUrl | None = None
+    live: LiveMode | None = None
+    sampling: dict[str, Any] | None = Field(default=None, max_length=64)
 
     @field_validator("type")
     @classmethod
@@ -170,6 +175,8 @@ class Ticket(BaseModel):
     ttl_seconds: float
     idempotency_key: str | None = None
     callback_url: str | None = None
+    live: LiveMode | None = None
+    sampling: dict[str, Any] | None = None
     prompt_tokens_estimate: int = 0
     prompt_chars: int | None = None
     prompt_digest: str | None = None
@@ -202,7 +209,7 @@ class Ticket(BaseModel):
         return None if self.finished_at is None else self.finished_at - self.created_at
 
     # Redis hash <-> model. Scalars are stored as strings; structured fields as JSON.
-    _JSON_FIELDS: ClassVar[tuple[str, ...]] = ("messages", "usage")
+    _JSON_FIELDS: ClassVar[tuple[str, ...]] = ("messages", "usage", "sampling")
 
     def to_redis(self) -> dict[str, str]:
         out: dict[str, str] = {}

@@ -55,6 +55,15 @@ class TypePolicy(_Strict):
     degraded_max_tokens: int | None = Field(default=None, ge=1)
     kv_shed_free_below: float | None = Field(default=None, ge=0, le=1)
     route_to_fallback: bool = False
+    shed_answer: Literal["error", "degraded"] = Field(
+        default="error",
+        description="what an OpenAI-style caller gets when shed: a 429 error, or a 200 with shed_text",
+    )
+    shed_text: str = Field(
+        default="We cannot answer right now because of high demand. Please try again in a few minutes.",
+        min_length=1,
+        max_length=2000,
+    )
 
     @model_validator(mode="after")
     def _known_factors(self) -> TypePolicy:

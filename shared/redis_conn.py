@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import redis
 from redis import Redis
+from redis.asyncio import BlockingConnectionPool
+from redis.asyncio import Redis as AsyncRedis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
@@ -52,3 +54,22 @@ def resolve_redis_url(url: str | None) -> str:
 
 def connect(url: str | None) -> Redis:
     return make_client(resolve_redis_url(url))
+
+
+def connect_async(url: str | None, *, read_timeout: float, max_connections: int = 32) -> AsyncRedis:
+    """An asyncio client (same URL rules) whose read timeout outlasts the blocking reads made on it.
+
+    Its pool is bounded and blocking: many waiting calls reading at once queue for a connection
+    rather than opening one each.
+    """
+    pool = BlockingConnectionPool.from_url(
+        resolve_redis_url(url),
+        max_connections=max_connections,
+        timeout=read_timeout,
+        decode_responses=True,
+        socket_connect_timeout=5,
+        socket_timeout=read_timeout,
+        socket_keepalive=True,
+        health_check_interval=30,
+    )
+    return AsyncRedis(connection_pool=pool)

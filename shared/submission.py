@@ -90,6 +90,8 @@ class Submission:
             ttl_seconds=ttl,
             idempotency_key=request.idempotency_key,
             callback_url=str(request.callback_url) if request.callback_url else None,
+            live=request.live,
+            sampling=request.sampling,
             prompt_tokens_estimate=request.prompt_tokens_estimate,
             prompt_chars=request.prompt_chars,
             prompt_digest=request.prompt_digest,

@@ -22,7 +22,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "status": ("producer.cli:status_app", "Show depth per type, in-flight, alarm level and mode."),
     "ticket": ("producer.cli:ticket_app", "Show one ticket's status, result and timings."),
     "sim-vllm": ("ops.lab.sim.cli:app", "Serve the vLLM-compatible simulator."),
-    "bench": ("ops.lab.bench.cli:app", "Benchmarks: overload scenario and queue speed."),
+    "bench": (
+        "ops.lab.bench.cli:app",
+        "Benchmarks: overload scenario, queue speed and the OpenAI front door.",
+    ),
     "keys": ("producer.api.keys_cli:app", "Manage branch API keys."),
     "mode": ("ops.monitor.mode_cli:app", "Operator override of admission (normal, critical-only)."),
 }

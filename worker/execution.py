@@ -14,6 +14,7 @@ from shared.policy import Policy
 from worker import telemetry
 from worker.inflight import AbortReason, InFlight, RunningTicket
 from worker.latency_guard import LatencyGuard
+from worker.live_publisher import LivePublisher
 from worker.result_writer import ResultWriter
 from worker.vllm_client import RequestAborted, VllmClient, VllmError
 from worker.vllm_health import VllmHealth
@@ -63,13 +64,30 @@ class Executor:
         finally:
             self.inflight.remove(running.id)
 
+    def _publisher(self, running: RunningTicket) -> LivePublisher | None:
+        if running.ticket.live is None:
+            return None
+        queue = self.writer.queue
+        return LivePublisher(
+            queue.redis,
+            queue.keys,
+            running.ticket,
+            on_cancel=lambda: running.handle.abort(AbortReason.CANCELLED),
+        )
+
     def _run(self, running: RunningTicket) -> None:
         client = self.client_for(running)
         max_tokens = capped_max_tokens(running, self.policy, self.degraded)
+        live = self._publisher(running)
+        on_text = live.token if live is not None and running.ticket.live == "tokens" else None
         try:
-            completion = client.run(running.ticket, max_tokens=max_tokens, handle=running.handle)
+            completion = client.run(
+                running.ticket, max_tokens=max_tokens, handle=running.handle, on_text=on_text
+            )
         except RequestAborted as aborted:
-            self._after_abort(running, aborted.reason)
+            outcome = self._after_abort(running, aborted.reason)
+            if live is not None and outcome is not None:
+                self._publish_outcome(live, outcome, f"request aborted ({aborted.reason})")
             return
         except VllmError as error:
             telemetry.count_vllm_error(self.worker_id, error.kind.value)
@@ -83,26 +101,45 @@ class Executor:
                     error.message,
                     pause,
                 )
-                self.writer.retry(
-                    running, f"{error.kind.value}: {error.message}", retry_after=error.retry_after
-                )
+                message = f"{error.kind.value}: {error.message}"
+                outcome = self.writer.retry(running, message, retry_after=error.retry_after)
+                if live is not None:
+                    self._publish_outcome(live, outcome, message)
             else:
                 self.health.success()
-                self.writer.failed(
-                    running, f"vLLM rejected the request ({error.status_code}): {error.message}"
-                )
+                message = f"vLLM rejected the request ({error.status_code}): {error.message}"
+                if self.writer.failed(running, message) and live is not None:
+                    live.end("failed", error=message)
             return
         self.health.success()
-        if self.writer.done(running, completion) and self.latency_guard is not None:
+        if not self.writer.done(running, completion):
+            return
+        if live is not None:
+            live.end(
+                "done",
+                finish_reason=completion.finish_reason,
+                prompt_tokens=completion.prompt_tokens,
+                completion_tokens=completion.completion_tokens,
+            )
+        if self.latency_guard is not None:
             self.latency_guard.observe(
                 run_seconds=completion.total_seconds, critical=self.policy.is_critical(running.ticket.type)
             )
 
-    def _after_abort(self, running: RunningTicket, reason: str) -> None:
+    @staticmethod
+    def _publish_outcome(live: LivePublisher, outcome: str, error: str) -> None:
+        """A retry outcome as the live stream's reader needs it: start over, or the ticket ended."""
+        if outcome == "retry":
+            live.retry(error)
+        elif not outcome.startswith("stale"):
+            live.end(outcome, error=error)
+
+    def _after_abort(self, running: RunningTicket, reason: str) -> str | None:
+        """Record an aborted run; the retry script's outcome, or None when nothing was written."""
         if reason == AbortReason.SHUTDOWN:
-            self.writer.give_back(running, "worker shutting down before the answer was complete")
-        elif reason == AbortReason.EXPIRED:
-            self.writer.expire(running)
-        else:
-            # Cancelled or taken over: the ticket's state is someone else's to write.
-            log.info("ticket %s: request aborted (%s)", running.id, reason)
+            return self.writer.give_back(running, "worker shutting down before the answer was complete")
+        if reason == AbortReason.EXPIRED:
+            return self.writer.expire(running)
+        # Cancelled or taken over: the ticket's state is someone else's to write.
+        log.info("ticket %s: request aborted (%s)", running.id, reason)
+        return None

@@ -251,8 +251,13 @@ class VllmClient:
         return self._model
 
     def build_request(self, ticket: Ticket, max_tokens: int) -> tuple[str, dict[str, Any]]:
-        """The endpoint path and body for `ticket`: chat when it has messages, completion otherwise."""
+        """The endpoint path and body for `ticket`: chat when it has messages, completion otherwise.
+
+        Sampling fields the caller passed through (temperature, stop, ...) go first, so tidegate's
+        own fields (model, max_tokens, stream, priority, request id) always win.
+        """
         body: dict[str, Any] = {
+            **(ticket.sampling or {}),
             "model": self._model or self.discover_model(),
             "max_tokens": max_tokens,
             "stream": True,
@@ -267,14 +272,21 @@ class VllmClient:
         body["prompt"] = ticket.prompt or ""
         return "/v1/completions", body
 
-    def run(self, ticket: Ticket, *, max_tokens: int, handle: RequestHandle) -> Completion:
+    def run(
+        self,
+        ticket: Ticket,
+        *,
+        max_tokens: int,
+        handle: RequestHandle,
+        on_text: Callable[[str], None] | None = None,
+    ) -> Completion:
         """Run `ticket` to completion; raises VllmError or RequestAborted.
 
         The read timeout is the ticket's remaining TTL: vLLM silent past it means the answer would
-        arrive too late to matter.
+        arrive too late to matter. `on_text` gets each piece of the answer as it arrives.
         """
         try:
-            return self._run_once(ticket, max_tokens, handle)
+            return self._run_once(ticket, max_tokens, handle, on_text)
         except VllmError as exc:
             if (
                 exc.kind is ErrorKind.CLIENT
@@ -285,10 +297,16 @@ class VllmClient:
                     "vLLM at %s runs without priority scheduling; sending no priorities", self.base_url
                 )
                 self._send_priority = False
-                return self._run_once(ticket, max_tokens, handle)
+                return self._run_once(ticket, max_tokens, handle, on_text)
             raise
 
-    def _run_once(self, ticket: Ticket, max_tokens: int, handle: RequestHandle) -> Completion:
+    def _run_once(
+        self,
+        ticket: Ticket,
+        max_tokens: int,
+        handle: RequestHandle,
+        on_text: Callable[[str], None] | None,
+    ) -> Completion:
         handle.check()
         path, body = self.build_request(ticket, max_tokens)
         remaining = ticket.expires_at - clock.now()
@@ -320,13 +338,18 @@ class VllmClient:
                     payload = None
                 message = _error_message(payload, f"HTTP {response.status_code}: {response.text[:200]}")
                 raise _classify_status(response.status_code, message, _retry_after(response))
-            return self._read_stream(ticket, response, handle, started)
+            return self._read_stream(ticket, response, handle, started, on_text)
         finally:
             handle.detach()
             response.close()
 
     def _read_stream(
-        self, ticket: Ticket, response: requests.Response, handle: RequestHandle, started: float
+        self,
+        ticket: Ticket,
+        response: requests.Response,
+        handle: RequestHandle,
+        started: float,
+        on_text: Callable[[str], None] | None,
     ) -> Completion:
         pieces: list[str] = []
         chunks = 0
@@ -361,6 +384,8 @@ class VllmClient:
                             handle.first_token_at = first_token_at
                         pieces.append(text)
                         chunks += 1
+                        if on_text is not None:
+                            on_text(text)
                     if choice.get("finish_reason"):
                         finish_reason = str(choice["finish_reason"])
         except Exception as exc:

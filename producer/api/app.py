@@ -19,11 +19,14 @@ from producer.api.body_size import BodySizeLimit
 from producer.api.context import ApiContext
 from producer.api.errors import install_error_handlers
 from producer.api.keys import ApiKeyStore
+from producer.api.openai import routes as openai_routes
+from producer.api.openai.hub import READ_TIMEOUT_SECONDS, LiveHub
+from producer.api.openai.models import ModelCatalog
 from producer.producer import Producer
 from shared.config import Settings
 from shared.metrics import build_registry
 from shared.policy import Policy
-from shared.redis_conn import connect
+from shared.redis_conn import connect, connect_async
 
 API_VERSION = "1"
 
@@ -52,11 +55,17 @@ def create_app(
         key_store=key_store,
         authenticator=Authenticator(key_store, settings.operator_key, auth_cache_seconds),
         registry=build_registry(redis, settings.policy, settings.queue_name),
+        hub=LiveHub(
+            connect_async(settings.redis_url, read_timeout=READ_TIMEOUT_SECONDS), producer.queue.keys
+        ),
+        models=ModelCatalog(redis, producer.queue.keys),
     )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        context.hub.start()
         yield
+        await context.hub.stop()
         redis.close()
 
     app = FastAPI(
@@ -72,6 +81,7 @@ def create_app(
     install_error_handlers(app)
     app.include_router(routes_tickets.router)
     app.include_router(routes_ops.router)
+    app.include_router(openai_routes.router)
     app.add_middleware(BodySizeLimit, max_bytes=settings.api_max_body_bytes)
     _document_policy(app, settings.policy)
     return app

@@ -24,6 +24,7 @@ class Principal:
     role: Role
     branch_id: str | None
     key_id: str
+    default_type: str | None = None
 
     @property
     def is_operator(self) -> bool:
@@ -74,7 +75,7 @@ class Authenticator:
                 self._cache.pop(digest, None)
             reason = "revoked" if record is not None else "unknown"
             raise api_error(401, f"{reason} API key", code="invalid_api_key", headers=_CHALLENGE)
-        principal = Principal(record.role, record.branch_id, record.key_id)
+        principal = Principal(record.role, record.branch_id, record.key_id, record.default_type)
         if self.cache_seconds > 0:
             with self._lock:
                 if len(self._cache) >= CACHE_LIMIT:

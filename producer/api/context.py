@@ -13,6 +13,8 @@ from redis import Redis
 
 from producer.api.auth import Authenticator, Principal
 from producer.api.keys import ApiKeyStore
+from producer.api.openai.hub import LiveHub
+from producer.api.openai.models import ModelCatalog
 from producer.producer import Producer
 from shared.config import Settings
 from shared.policy import Policy
@@ -26,6 +28,8 @@ class ApiContext:
     key_store: ApiKeyStore
     authenticator: Authenticator
     registry: CollectorRegistry
+    hub: LiveHub
+    models: ModelCatalog
 
     @property
     def policy(self) -> Policy:

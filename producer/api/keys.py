@@ -6,6 +6,7 @@ in listings and revocations without exposing it. Revoked keys keep their record 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import hmac
 import json
@@ -41,6 +42,8 @@ class ApiKey:
     label: str
     created_at: float
     revoked_at: float | None = None
+    default_type: str | None = None
+    """The ticket type of an OpenAI-style call that names none (header or body)."""
 
     @property
     def revoked(self) -> bool:
@@ -59,6 +62,7 @@ class ApiKey:
             label=str(data.get("label", "")),
             created_at=float(data["created_at"]),
             revoked_at=None if data.get("revoked_at") is None else float(data["revoked_at"]),
+            default_type=data.get("default_type"),
         )
 
 
@@ -82,7 +86,14 @@ class ApiKeyStore:
         self.redis = redis
         self.keys = keys
 
-    def create(self, role: Role, branch_id: str | None = None, label: str = "") -> tuple[str, ApiKey]:
+    def create(
+        self,
+        role: Role,
+        branch_id: str | None = None,
+        label: str = "",
+        *,
+        default_type: str | None = None,
+    ) -> tuple[str, ApiKey]:
         """A new key: returns the token (shown once, never stored) and its record."""
         if role is Role.BRANCH:
             if branch_id is None or not BRANCH_ID_PATTERN.match(branch_id):
@@ -93,7 +104,9 @@ class ApiKeyStore:
             raise ApiKeyError(f"an operator key belongs to no branch, got branch {branch_id!r}")
         token = TOKEN_PREFIX + secrets.token_urlsafe(32)
         digest = hash_token(token)
-        record = ApiKey(digest[:KEY_ID_LENGTH], role, branch_id, label, clock.now())
+        record = ApiKey(
+            digest[:KEY_ID_LENGTH], role, branch_id, label, clock.now(), default_type=default_type
+        )
         self.redis.hset(self.keys.api_keys, digest, record.to_json())
         return token, record
 
@@ -124,9 +137,7 @@ class ApiKeyStore:
             if record.key_id == key_id:
                 if record.revoked:
                     return record
-                revoked = ApiKey(
-                    record.key_id, record.role, record.branch_id, record.label, record.created_at, clock.now()
-                )
+                revoked = dataclasses.replace(record, revoked_at=clock.now())
                 self.redis.hset(self.keys.api_keys, digest, revoked.to_json())
                 return revoked
         raise ApiKeyError(f"no API key with id {key_id!r}; `tidegate keys list` shows the ids")

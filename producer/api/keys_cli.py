@@ -49,15 +49,29 @@ def create(
     branch: str | None = typer.Option(None, "--branch", help="the branch the key submits for, e.g. 0412"),
     operator: bool = typer.Option(False, "--operator", help="an operator key (reads everything, sets mode)"),
     label: str = typer.Option("", "--label", help="a note for the listing, e.g. who holds it"),
+    default_type: str | None = typer.Option(
+        None,
+        "--default-type",
+        help="ticket type of OpenAI-style calls with this key that name none, e.g. complaint",
+    ),
     queue: str | None = QueueOption,
     as_json: bool = JsonOption,
 ) -> None:
     """Create a key. The key is printed once and stored only as a hash: keep it now."""
     if operator == (branch is not None):
         fail("give exactly one of --branch ID or --operator", EXIT_BAD_INPUT)
+    settings = load_settings(queue_name=queue)
+    if default_type is not None and default_type not in settings.policy.types:
+        fail(
+            f"--default-type {default_type!r} is not a ticket type; known types: "
+            + ", ".join(settings.policy.type_names),
+            EXIT_BAD_INPUT,
+        )
     store = _store(queue)
     try:
-        token, record = store.create(Role.OPERATOR if operator else Role.BRANCH, branch, label)
+        token, record = store.create(
+            Role.OPERATOR if operator else Role.BRANCH, branch, label, default_type=default_type
+        )
     except ApiKeyError as exc:
         fail(str(exc), EXIT_BAD_INPUT)
     except redis.RedisError as exc:

@@ -47,6 +47,7 @@ _TIDEGATE_COUNTERS = {"tidegate_tickets_total", "tidegate_vllm_errors_total"}
 _TIDEGATE_HISTOGRAMS = {
     "tidegate_queue_wait_seconds",
     "tidegate_time_to_first_token_seconds",
+    "tidegate_e2e_time_to_first_token_seconds",
     "tidegate_latency_seconds",
 }
 # vLLM's own names (as recent vLLM exports them, and the simulator mirrors).

@@ -187,3 +187,25 @@ def test_abort_closes_the_request_and_vllm_frees_it(simulator: Callable[..., Sim
     )
     assert sim_metric(sim.base_url, "vllm:num_requests_running") == 0
     assert sim_metric(sim.base_url, "vllm:kv_cache_usage_perc") == 0
+
+
+def test_passed_through_sampling_reaches_vllm_but_never_overrides_tidegates_fields() -> None:
+    client = VllmClient("http://127.0.0.1:9", model="m")  # build_request sends nothing
+    ticket = make_ticket().model_copy(
+        update={"sampling": {"temperature": 0.1, "stop": ["\n"], "max_tokens": 9999, "stream": False}}
+    )
+    _, body = client.build_request(ticket, 8)
+    assert (body["temperature"], body["stop"]) == (0.1, ["\n"])
+    assert (body["max_tokens"], body["stream"], body["model"]) == (8, True, "m")
+
+
+def test_each_piece_of_the_answer_goes_to_on_text_as_it_arrives(
+    simulator: Callable[..., SimulatorProcess],
+) -> None:
+    sim = simulator()
+    pieces: list[str] = []
+    completion = VllmClient(sim.base_url).run(
+        make_ticket(), max_tokens=12, handle=RequestHandle(), on_text=pieces.append
+    )
+    assert len(pieces) == completion.completion_tokens > 1
+    assert "".join(pieces) == completion.text

@@ -1,4 +1,4 @@
-"""`tidegate bench queue` and `tidegate bench overload`."""
+"""`tidegate bench queue`, `tidegate bench overload` and `tidegate bench gateway`."""
 
 from __future__ import annotations
 
@@ -13,12 +13,14 @@ from rich.table import Table
 from shared.cli_support import fail, load_settings, print_json
 from shared.redis_conn import RedisUnavailable, resolve_redis_url
 
-app = typer.Typer(add_completion=False, help="Benchmarks: overload scenario and queue speed.")
+app = typer.Typer(
+    add_completion=False, help="Benchmarks: overload scenario, queue speed and the OpenAI front door."
+)
 
 
 @app.callback()
 def bench() -> None:
-    """Benchmarks: overload scenario and queue speed."""
+    """Benchmarks: overload scenario, queue speed and the OpenAI front door."""
 
 
 @app.command("queue")
@@ -170,3 +172,51 @@ def overload_command(
         print_result(console if console.is_terminal else Console(width=150), result)
     if not result.accounting_holds:
         raise typer.Exit(1)
+
+
+@app.command("gateway")
+def gateway_command(
+    calls: int = typer.Option(
+        40, "--calls", min=1, help="low-load calls each way (direct, through tidegate)"
+    ),
+    streams: int = typer.Option(1000, "--streams", min=1, help="concurrent streams on one API process"),
+    max_tokens: int = typer.Option(16, "--max-tokens", min=1, help="tokens per answer"),
+    results_dir: Path | None = typer.Option(
+        None, "--results-dir", help="where results and logs go [results/bench-gateway/<time>]"
+    ),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """The OpenAI front door: time to first token added vs the simulator directly, and N open streams."""
+    import time as _time
+
+    from ops.lab.bench.gateway import GatewayOptions, run_gateway_bench
+    from ops.lab.procs.children import ChildError, stop_children_on_sigterm
+
+    settings = load_settings()
+    try:
+        url = resolve_redis_url(settings.redis_url)
+    except RedisUnavailable as exc:
+        fail(str(exc))
+    folder = results_dir or Path("results") / "bench-gateway" / _time.strftime("%Y%m%d-%H%M%S")
+    stop_children_on_sigterm()
+    try:
+        doc = run_gateway_bench(
+            url, folder, GatewayOptions(calls=calls, streams=streams, max_tokens=max_tokens)
+        )
+    except (ChildError, RuntimeError) as exc:
+        fail(str(exc))
+    (folder / "results.json").write_text(json.dumps(doc, indent=2))
+    if as_json:
+        print_json(doc | {"results_dir": str(folder)})
+        return
+    low = doc["low_load"]
+    table = Table("time to first token", "p50 ms", "p99 ms", title=f"low load, {calls} calls each way")
+    for name in ("direct", "gateway"):
+        table.add_row(name, f"{low[name]['p50_ms']:.1f}", f"{low[name]['p99_ms']:.1f}")
+    table.add_row("added by tidegate", f"{low['added_p50_ms']:.1f}", f"{low['added_p99_ms']:.1f}")
+    console = Console()
+    console.print(table)
+    many = Table("many streams", "value", title=f"{streams} concurrent streams, one API process")
+    for name, value in doc["many_streams"].items():
+        many.add_row(name, str(value))
+    console.print(many)
