@@ -137,3 +137,8 @@ class QueueKeys:
     def api_keys(self) -> str:
         """HASH sha256(key) → JSON {branch_id, role, created_at, revoked}."""
         return self._key("api-keys")
+
+    @property
+    def callback_secrets(self) -> str:
+        """HASH branch id → the branch's Standard Webhooks signing secret (whsec_…), for callbacks."""
+        return self._key("callback-secrets")

@@ -17,6 +17,7 @@ from pydantic import (
     model_validator,
 )
 
+from shared.callback_targets import RefusedTarget, check_url
 from shared.policy import Policy, UnknownTicketType
 from shared.tokens import estimate_tokens
 
@@ -74,6 +75,17 @@ class TicketRequest(BaseModel):
         problem = unknown_type_problem(value, policy) if policy is not None else None
         if problem:
             raise ValueError(problem)
+        return value
+
+    @field_validator("callback_url")
+    @classmethod
+    def _callback_target_allowed(cls, value: AnyHttpUrl | None, info: ValidationInfo) -> AnyHttpUrl | None:
+        policy = _policy_from(info)
+        if value is not None and policy is not None:
+            try:
+                check_url(str(value), policy.callbacks.allow_hosts)
+            except RefusedTarget as exc:
+                raise ValueError(f"callback_url {exc}") from None
         return value
 
     @field_validator("prompt")

@@ -6,6 +6,7 @@ in listings and revocations without exposing it. Revoked keys keep their record 
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import hashlib
 import hmac
@@ -22,6 +23,8 @@ from shared import clock
 from shared.keys import QueueKeys
 
 TOKEN_PREFIX = "tg_"
+SECRET_PREFIX = "whsec_"
+SECRET_BYTES = 32
 KEY_ID_LENGTH = 12
 BRANCH_ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
 """The same rule as a ticket's branch_id, so every key's branch can own tickets."""
@@ -109,6 +112,16 @@ class ApiKeyStore:
         )
         self.redis.hset(self.keys.api_keys, digest, record.to_json())
         return token, record
+
+    def create_callback_secret(self, branch_id: str) -> str | None:
+        """The branch's new callback signing secret, or None when it already has one.
+
+        Unlike API keys the secret is stored as it is: signing a delivery needs it. It is shown
+        only when created, so a second key for the branch does not reveal it again.
+        """
+        secret = SECRET_PREFIX + base64.b64encode(secrets.token_bytes(SECRET_BYTES)).decode()
+        created = self.redis.hsetnx(self.keys.callback_secrets, branch_id, secret)
+        return secret if created else None
 
     def lookup(self, token: str) -> ApiKey | None:
         """The record of `token`, revoked or not; None for a key never issued here."""
