@@ -29,7 +29,7 @@ def _guarded_new_conn(conn: HTTPConnection, allow_hosts: Sequence[str]) -> socke
         try:
             return connection.create_connection(
                 (str(address), conn.port or 80),
-                conn.timeout,  # type: ignore[arg-type]  # urllib3 resolves its default sentinel itself
+                conn.timeout,
                 source_address=conn.source_address,
                 socket_options=conn.socket_options,
             )

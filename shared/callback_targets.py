@@ -55,7 +55,7 @@ def address_class(address: IpAddress) -> str | None:
 def resolve(host: str, port: int) -> list[IpAddress]:
     """Every address `host` resolves to (tests replace this function to avoid real lookups)."""
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    return list(dict.fromkeys(ipaddress.ip_address(info[4][0].split("%")[0]) for info in infos))
+    return list(dict.fromkeys(ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos))
 
 
 def _literal(host: str) -> IpAddress | None:
