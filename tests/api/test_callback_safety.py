@@ -106,7 +106,9 @@ def _submit(api: Api, branch: requests.Session, url: str) -> requests.Response:
 def _refusal(response: requests.Response) -> str:
     """The 422's message for callback_url (the test fails if another field is named)."""
     assert response.status_code == 422, response.text
-    [issue] = response.json()["detail"]
+    error = response.json()["error"]
+    assert error["param"] == "callback_url"
+    [issue] = error["issues"]
     assert issue["loc"] == ["body", "callback_url"]
     return str(issue["msg"])
 

@@ -61,7 +61,7 @@ def accepts_valid_data(ctx: CheckContext, response: Response, case: Case[Any]) -
     meta = case.meta
     if meta is None or not meta.generation.mode.is_positive or response.status_code != 422:
         return None
-    detail = json.loads(response.content)["detail"]
+    detail = json.loads(response.content)["error"]["issues"]
     refused = [item["msg"] for item in detail if not item["msg"].startswith(SCHEMA_CANNOT_SAY)]
     assert not refused, f"schema-valid request refused: {refused}"
     return None

@@ -117,7 +117,7 @@ def test_operator_submits_only_for_a_named_branch(api: Api, operator_key: str) -
         missing = operator.post(api.url("/v1/tickets"), json=LOAN)
         named = operator.post(api.url("/v1/tickets"), json={**LOAN, "branch_id": "0007"})
     assert missing.status_code == 422
-    assert missing.json()["detail"][0]["loc"] == ["body", "branch_id"]
+    assert missing.json()["error"]["issues"][0]["loc"] == ["body", "branch_id"]
     assert named.status_code == 202
 
 
@@ -174,9 +174,9 @@ def test_batch_partial_success_with_per_item_results(api: Api, branch: requests.
     ]
     results = body["results"]
     assert results[2]["id"] == results[3]["id"]
-    assert results[1]["detail"][0]["loc"] == ["body", "tickets", 1, "type"]
-    assert "loan_approval, complaint, archive_query" in results[1]["detail"][0]["msg"]
-    assert results[5]["detail"] == [
+    assert results[1]["error"]["issues"][0]["loc"] == ["body", "tickets", 1, "type"]
+    assert "loan_approval, complaint, archive_query" in results[1]["error"]["issues"][0]["msg"]
+    assert results[5]["error"]["issues"] == [
         {
             "loc": ["body", "tickets", 5, "colour"],
             "msg": "Extra inputs are not permitted",
@@ -192,7 +192,7 @@ def test_batch_partial_success_with_per_item_results(api: Api, branch: requests.
 def test_batch_over_500_items_is_refused_whole(api: Api, branch: requests.Session) -> None:
     response = branch.post(api.url("/v1/tickets/batch"), json={"tickets": [{"type": "x"}] * 501})
     assert response.status_code == 422
-    assert response.json()["detail"][0]["loc"] == ["body", "tickets"]
+    assert response.json()["error"]["issues"][0]["loc"] == ["body", "tickets"]
 
 
 def test_queues_shows_depth_level_mode_and_workers(api: Api, branch: requests.Session) -> None:
