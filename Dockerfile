@@ -12,7 +12,9 @@ COPY shared ./shared
 COPY producer ./producer
 COPY worker ./worker
 COPY ops ./ops
-RUN pip wheel --no-deps --wheel-dir /wheels .
+COPY clients/python ./clients/python
+# The client is its own distribution, which tidegate depends on: both wheels go in the image.
+RUN pip wheel --no-deps --wheel-dir /wheels ./clients/python .
 
 FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 \

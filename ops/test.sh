@@ -15,6 +15,8 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV"
 fi
 "$VENV/bin/python" -m pip install -q --upgrade pip
+# The client distribution first: tidegate depends on it, and it is not fetched from an index.
+"$VENV/bin/python" -m pip install -q -e ./clients/python
 "$VENV/bin/python" -m pip install -q -e '.[test]'
 
 # --- Redis for the integration tests -------------------------------------------------------------

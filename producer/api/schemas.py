@@ -1,15 +1,17 @@
-"""The JSON documents of the HTTP API, shared by the server, the Python client and callbacks.
+"""The JSON documents of the HTTP API, shared by the server and callbacks (the Python client,
+clients/python/, mirrors them as dataclasses; tests/client checks they agree).
 
-Only pydantic here (no FastAPI), so the client and the callback job import it cheaply. The request
+Only pydantic here (no FastAPI), so the callback job imports it cheaply. The request
 body reuses `TicketRequest`'s fields and validators, so the HTTP schema shows the same types and
 limits as the Python producer; only `branch_id` becomes optional, because the API key names it.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 from pydantic import AnyHttpUrl, BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic.config import JsonDict
 
 from shared.control import Mode
 from shared.models import Ticket, TicketRequest, TicketStatus
@@ -83,8 +85,10 @@ MODE_BODY_EXAMPLES = named_examples(
 class TicketBody(TicketRequest):
     """One ticket as a branch POSTs it: a `prompt` or chat `messages`, its type and factors."""
 
-    # Internal: the policy's checks (known type, context limit) run after this model's own.
-    model_config = ConfigDict(json_schema_extra={**_PROMPT_XOR_MESSAGES, "examples": TICKET_EXAMPLES})
+    # The policy's checks (known type, context limit) run after this model's own.
+    model_config = ConfigDict(
+        json_schema_extra=cast("JsonDict", {**_PROMPT_XOR_MESSAGES, "examples": TICKET_EXAMPLES})
+    )
 
     branch_id: str | None = Field(  # type: ignore[assignment]  # optional here: the API key names the branch
         default=None,
@@ -98,7 +102,7 @@ class BatchBody(BaseModel):
     """Up to 500 tickets; each item is checked on its own, so one bad item fails only itself."""
 
     model_config = ConfigDict(
-        extra="forbid", json_schema_extra={"examples": [{"tickets": TICKET_EXAMPLES[:2]}]}
+        extra="forbid", json_schema_extra=cast("JsonDict", {"examples": [{"tickets": TICKET_EXAMPLES[:2]}]})
     )
 
     tickets: list[dict[str, Any]] = Field(
