@@ -100,6 +100,7 @@ class TicketQueue:
                     self.keys.counts,
                     self.keys.outbox,
                     *[self.keys.waiting(t) for t in types],
+                    *[self.keys.branch_depth(t) for t in types],
                 ],
                 args=[
                     ticket_id,
@@ -145,6 +146,7 @@ class TicketQueue:
                 self.keys.outbox,
                 self.keys.ticket_prefix,
                 *[self.keys.waiting(t) for t in types],
+                *[self.keys.branch_depth(t) for t in types],
             ],
             args=[
                 repr(clock.now()),
@@ -295,6 +297,7 @@ class TicketQueue:
                 self.keys.wake,
                 self.keys.ticket_prefix,
                 *[self.keys.waiting(t) for t in types],
+                *[self.keys.branch_depth(t) for t in types],
             ],
             args=[
                 repr(clock.now()),
@@ -321,6 +324,7 @@ class TicketQueue:
                 self.keys.counts,
                 self.keys.outbox,
                 *[self.keys.waiting(t) for t in types],
+                *[self.keys.branch_depth(t) for t in types],
             ],
             args=[ticket_id, repr(clock.now()), self.policy.queue.retention_spec, len(types), *types],
             client=client,
