@@ -49,7 +49,7 @@ _RETRY_AFTER_DOC = {"description": "seconds to wait before retrying", "schema": 
 
 
 INVALID = "a field, header or parameter is invalid; `param` names the first, `issues` lists all"
-REDIS_DOWN = "the queue's store is unreachable; nothing was changed, retry after the given seconds"
+REDIS_DOWN = "the queue's store is unreachable or full; nothing was changed, retry after the given seconds"
 
 
 def error_responses(descriptions: Mapping[int, str], *, validated: bool = True) -> ResponseDocs:
