@@ -139,3 +139,24 @@ def revoke(
         print_json(_doc(record))
         return
     typer.echo(f"revoked key {record.key_id} ({record.role.value} {record.branch_id or ''})".rstrip())
+
+
+@app.command("rotate-secret")
+def rotate_secret(
+    branch: str = typer.Option(..., "--branch", help="the branch whose callback signing secret to replace"),
+    queue: str | None = QueueOption,
+    as_json: bool = JsonOption,
+) -> None:
+    """Replace a branch's callback signing secret; the new one is printed once, the old stops signing."""
+    store = _store(queue)
+    try:
+        secret = store.rotate_callback_secret(branch)
+    except ApiKeyError as exc:
+        fail(str(exc), EXIT_BAD_INPUT)
+    except redis.RedisError as exc:
+        redis_failure(exc)
+    if as_json:
+        print_json({"branch_id": branch, "callback_secret": secret})
+        return
+    typer.echo(f"new callback signing secret of branch {branch} (Standard Webhooks), shown only now:")
+    typer.echo(secret)

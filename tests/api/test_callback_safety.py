@@ -176,6 +176,12 @@ def test_an_allow_listed_receiver_gets_deliveries_signed_with_the_branch_secret(
         ticket_id = response.json()["id"]
         _finish(ticket_queue, ticket_id)
         assert deliver_callback(api.settings.queue_name, ticket_id, redis_url) == 200
+        rotated = api.keys.rotate_callback_secret("0412")  # a leaked secret is replaced
+        assert deliver_callback(api.settings.queue_name, ticket_id, redis_url) == 200
+    after = (peer.raw_bodies[1], peer.requests[1])
+    assert Webhook(rotated).verify(*after)["id"] == ticket_id
+    with pytest.raises(WebhookVerificationError):
+        Webhook(secret).verify(*after)
     headers, body = peer.requests[0], peer.raw_bodies[0]
     assert Webhook(secret).verify(body, headers)["id"] == ticket_id
     # The spec by hand: v1,base64(HMAC-SHA256(key, "id.timestamp.body")), key = base64 after whsec_.

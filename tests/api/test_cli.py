@@ -43,6 +43,10 @@ def test_keys_create_list_revoke(env: dict[str, str]) -> None:
     assert code == 0 and "whsec_" not in out
     code, out, _ = _keys(env, "create", "--branch", "0413")
     assert code == 0 and "callback signing secret of branch 0413" in out
+    code, out, _ = _keys(env, "rotate-secret", "--branch", "0412", "--json")
+    rotated = json.loads(out)["callback_secret"]
+    assert code == 0 and rotated.startswith("whsec_") and rotated != created["callback_secret"]
+    assert _keys(env, "rotate-secret", "--branch", "04 12")[0] == 2
 
     code, out, _ = _keys(env, "revoke", created["key_id"], "--json")
     assert code == 0
