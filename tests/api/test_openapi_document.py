@@ -57,7 +57,12 @@ def test_every_body_has_examples_the_api_accepts(
         assert examples, f"{method} {path} has no examples"
         for name, example in examples.items():
             assert example["summary"], name
-            BODY_MODELS[path].model_validate(example["value"])
+            if path in BODY_MODELS:  # the OpenAI routes' bodies are OpenAI's, parsed by hand
+                BODY_MODELS[path].model_validate(example["value"])
+            else:
+                assert set(op["requestBody"]["content"]["application/json"]["schema"]["required"]) <= set(
+                    example["value"]
+                )
     for example in document["paths"]["/v1/tickets"]["post"]["requestBody"]["content"]["application/json"][
         "examples"
     ].values():
