@@ -1,8 +1,8 @@
 --[[
 Submit one ticket: either queue it (ticket hash, priority entry, TTL index, per-type index) or record
 it as `rejected` — because admission shed it (ARGV[10]), its type's queue cap is full, or its
-branch holds its fair share of the cap while other branches wait — in one step. The rejected record is lean (no prompt, no words: readers look them up from the code, and
-short values keep the hash in Redis's compact encoding) and has its own retention; a retry under the same
+branch holds its fair share of the cap while other branches wait — in one step. The rejected record
+is lean (no prompt, no words: readers look them up from the code, and short values keep the hash in Redis's compact encoding) and has its own retention; a retry under the same
 idempotency key reuses the record an earlier shed try left instead of writing another.
 
 KEYS[1] ticket hash             {q}:t:<id>
@@ -37,9 +37,9 @@ ARGV[17..] field, value pairs of the ticket hash (the lean ones first)
 Fair share: while other branches have queued tickets of the type, a branch holding cap ÷ (waiting
 branches) of them is refused (code branch_share_exceeded, words left to the caller); a branch below
 its share is admitted even past the cap, up to twice the cap, so one branch's flood cannot lock the
-others out of a type. Turns: such a ticket is scored just behind the type's equal-priority ticket
-at its round-robin place (lib/tickets.lua `turn_score`), so branches of equal priority are served
-in turn instead of a flood first.
+others out of a type. Turns: while several branches wait, a new ticket is scored just behind the
+type's equal-priority ticket at its round-robin place (lib/tickets.lua `turn_score`), so branches
+of equal priority are served in turn instead of a flood first.
 
 Returns {"queued", id} | {"existing", id of the earlier ticket} | {"rejected", id, code, words}.
 ]]
