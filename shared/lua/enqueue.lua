@@ -2,8 +2,9 @@
 Submit one ticket: either queue it (ticket hash, priority entry, TTL index, per-type index) or record
 it as `rejected` — because admission shed it (ARGV[10]), its type's queue cap is full, or its
 branch holds its fair share of the cap while other branches wait — in one step. The rejected record
-is lean (no prompt, no words: readers look them up from the code, and short values keep the hash in Redis's compact encoding) and has its own retention; a retry under the same
-idempotency key reuses the record an earlier shed try left instead of writing another.
+is lean (no prompt, no words: readers look them up from the code, and short values keep the hash in
+Redis's compact encoding) and has its own retention; a retry under the same idempotency key reuses
+the record an earlier shed try left instead of writing another.
 
 KEYS[1] ticket hash             {q}:t:<id>
 KEYS[2] pending zset            {q}:pending
