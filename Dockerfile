@@ -12,7 +12,9 @@ COPY shared ./shared
 COPY producer ./producer
 COPY worker ./worker
 COPY ops ./ops
-RUN pip wheel --no-deps --wheel-dir /wheels .
+COPY clients/python ./clients/python
+# The client is its own distribution, which tidegate depends on: both wheels go in the image.
+RUN pip wheel --no-deps --wheel-dir /wheels ./clients/python .
 
 FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -20,9 +22,11 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 COPY --from=build /wheels /wheels
-# The one wheel is this build's own; `[all]` names its extras, whose versions pyproject.toml bounds.
+# Both wheels are this build's own (naming the client's lets `tidegate[all]` resolve it locally);
+# `[all]` names the extras, whose versions pyproject.toml bounds.
 # hadolint ignore=DL3013
-RUN wheel=$(ls /wheels/*.whl) && pip install "${wheel}[all]" \
+RUN client=$(ls /wheels/tidegate_client-*.whl) && wheel=$(ls /wheels/tidegate-*.whl) \
+    && pip install "${client}" "${wheel}[all]" \
     && rm -rf /wheels \
     && groupadd --system --gid 10001 tidegate \
     && useradd --system --uid 10001 --gid 10001 --create-home --home-dir /home/tidegate tidegate

@@ -15,6 +15,8 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV"
 fi
 "$VENV/bin/python" -m pip install -q --upgrade pip
+# The client distribution first: tidegate depends on it, and it is not fetched from an index.
+"$VENV/bin/python" -m pip install -q -e ./clients/python
 "$VENV/bin/python" -m pip install -q -e '.[test]'
 
 # --- Redis for the integration tests -------------------------------------------------------------
@@ -49,6 +51,14 @@ if ! command -v promtool >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 &
   (timeout 300 apt-get install -y -qq --no-install-recommends prometheus >/dev/null 2>&1 \
     || (apt-get update -qq && timeout 300 apt-get install -y -qq --no-install-recommends prometheus) >/dev/null 2>&1) \
     || echo "WARNING: promtool could not be installed; the promtool tests will be skipped" >&2
+fi
+
+# --- Chromium renders /docs offline (Debian's package; Playwright drives it, downloads no browser) --
+if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  echo "installing chromium (Debian's package) for the /docs rendering test" >&2
+  (timeout 600 apt-get install -y -qq --no-install-recommends chromium >/dev/null 2>&1 \
+    || (apt-get update -qq && timeout 600 apt-get install -y -qq --no-install-recommends chromium) >/dev/null 2>&1) \
+    || echo "WARNING: chromium could not be installed; the /docs browser tests will be skipped" >&2
 fi
 
 # --- real vLLM on the CPU (tests marked `vllm` skip loudly when this fails) ----------------------

@@ -48,6 +48,11 @@ class QueueKeys:
         """ZSET id → created_at of queued tickets of one type: depth and oldest age in O(log n)."""
         return self._key(f"waiting:{ticket_type}")
 
+    def branch_depth(self, ticket_type: str) -> str:
+        """HASH branch → its queued tickets of one type (the fair share's measure); its length is
+        the number of branches waiting for that type."""
+        return self._key(f"branch-depth:{ticket_type}")
+
     @property
     def ticket_prefix(self) -> str:
         """Prefix of ticket hashes; claim and reap scripts append ids they pop (same hash tag)."""
@@ -137,3 +142,8 @@ class QueueKeys:
     def api_keys(self) -> str:
         """HASH sha256(key) → JSON {branch_id, role, created_at, revoked}."""
         return self._key("api-keys")
+
+    @property
+    def callback_secrets(self) -> str:
+        """HASH branch id → the branch's Standard Webhooks signing secret (whsec_…), for callbacks."""
+        return self._key("callback-secrets")

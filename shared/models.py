@@ -17,6 +17,7 @@ from pydantic import (
     model_validator,
 )
 
+from shared.callback_targets import RefusedTarget, check_url
 from shared.policy import Policy, UnknownTicketType
 from shared.tokens import estimate_tokens
 
@@ -72,6 +73,15 @@ class TicketRequest(BaseModel):
     def _known_type(cls, value: str, info: ValidationInfo) -> str:
         policy = _policy_from(info)
         problem = unknown_type_problem(value, policy) if policy is not None else None
+        if problem:
+            raise ValueError(problem)
+        return value
+
+    @field_validator("callback_url")
+    @classmethod
+    def _callback_target_allowed(cls, value: AnyHttpUrl | None, info: ValidationInfo) -> AnyHttpUrl | None:
+        policy = _policy_from(info)
+        problem = callback_target_problem(str(value), policy) if value and policy else None
         if problem:
             raise ValueError(problem)
         return value
@@ -135,6 +145,15 @@ def context_limit_problem(request: TicketRequest, policy: Policy) -> str | None:
     )
 
 
+def callback_target_problem(url: str, policy: Policy) -> str | None:
+    """Why tidegate will not call `url` back (a target inside the bank), or None."""
+    try:
+        check_url(url, policy.callbacks.allow_hosts)
+    except RefusedTarget as exc:
+        return f"callback_url {exc}"
+    return None
+
+
 def policy_problems(request: TicketRequest, policy: Policy) -> list[tuple[str, str]]:
     """(field, message) for each policy rule a request parsed without the policy breaks.
 
@@ -146,6 +165,8 @@ def policy_problems(request: TicketRequest, policy: Policy) -> list[tuple[str, s
         problems.append(("type", problem))
     elif (problem := context_limit_problem(request, policy)) is not None:
         problems.append(("body", problem))
+    if request.callback_url and (problem := callback_target_problem(str(request.callback_url), policy)):
+        problems.append(("callback_url", problem))
     return problems
 
 

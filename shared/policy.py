@@ -6,6 +6,7 @@ start with the file and the field named, never later while tickets are flowing.
 
 from __future__ import annotations
 
+import ipaddress
 import tomllib
 from enum import IntEnum
 from importlib import resources
@@ -164,12 +165,34 @@ class HooksPolicy(_Strict):
         return value
 
 
+class CallbacksPolicy(_Strict):
+    """Callback targets inside the bank that a branch may name anyway (host names, IPs or CIDRs)."""
+
+    allow_hosts: tuple[str, ...] = ()
+
+    @field_validator("allow_hosts")
+    @classmethod
+    def _valid_entries(cls, entries: tuple[str, ...]) -> tuple[str, ...]:
+        for entry in entries:
+            if "/" in entry:
+                try:
+                    ipaddress.ip_network(entry, strict=False)
+                except ValueError:
+                    raise ValueError(
+                        f"allow_hosts entry {entry!r} is not a CIDR network such as 10.20.0.0/16"
+                    ) from None
+            elif not entry.strip() or any(c.isspace() for c in entry):
+                raise ValueError(f"allow_hosts entry {entry!r} must be a host name, an IP or a CIDR network")
+        return tuple(e.strip("[]").lower() for e in entries)
+
+
 class Policy(_Strict):
     queue: QueuePolicy = Field(default_factory=QueuePolicy)
     types: dict[str, TypePolicy]
     alarms: AlarmPolicy = Field(default_factory=AlarmPolicy)
     hooks: HooksPolicy = Field(default_factory=HooksPolicy)
     memory: MemoryPolicy = Field(default_factory=MemoryPolicy)
+    callbacks: CallbacksPolicy = Field(default_factory=CallbacksPolicy)
 
     @model_validator(mode="after")
     def _has_types(self) -> Policy:

@@ -100,6 +100,7 @@ class TicketQueue:
                     self.keys.counts,
                     self.keys.outbox,
                     *[self.keys.waiting(t) for t in types],
+                    *[self.keys.branch_depth(t) for t in types],
                 ],
                 args=[
                     ticket_id,
@@ -145,6 +146,7 @@ class TicketQueue:
                 self.keys.outbox,
                 self.keys.ticket_prefix,
                 *[self.keys.waiting(t) for t in types],
+                *[self.keys.branch_depth(t) for t in types],
             ],
             args=[
                 repr(clock.now()),
@@ -295,6 +297,7 @@ class TicketQueue:
                 self.keys.wake,
                 self.keys.ticket_prefix,
                 *[self.keys.waiting(t) for t in types],
+                *[self.keys.branch_depth(t) for t in types],
             ],
             args=[
                 repr(clock.now()),
@@ -310,14 +313,39 @@ class TicketQueue:
         return ReapResult(bool(swept), requeued, failed, expired, promoted)
 
     # ---- reading ----------------------------------------------------------------------------
+    def _read_call(self, ticket_id: str, client: Any) -> Any:
+        types = self.policy.type_names
+        return self.scripts.read(
+            keys=[
+                self.keys.ticket(ticket_id),
+                self.keys.pending,
+                self.keys.delayed,
+                self.keys.deadlines,
+                self.keys.counts,
+                self.keys.outbox,
+                *[self.keys.waiting(t) for t in types],
+                *[self.keys.branch_depth(t) for t in types],
+            ],
+            args=[ticket_id, repr(clock.now()), self.policy.queue.retention_spec, len(types), *types],
+            client=client,
+        )
+
+    def _from_flat(self, flat: Sequence[Any]) -> Ticket | None:
+        if not flat:
+            return None
+        text = [v.decode() if isinstance(v, bytes) else str(v) for v in flat]
+        return self._from_redis(dict(zip(text[::2], text[1::2], strict=True)))
+
     def get(self, ticket_id: str) -> Ticket | None:
-        return self.get_many([ticket_id])[0]
+        """The ticket as it truly stands: one still queued past its deadline is ended `expired` by
+        this read (atomically, as the reaper would), so no reader is told a dead ticket is alive."""
+        return self._from_flat(self._read_call(ticket_id, self.redis))
 
     def get_many(self, ticket_ids: Sequence[str]) -> list[Ticket | None]:
         pipe = self.redis.pipeline(transaction=False)
         for ticket_id in ticket_ids:
-            pipe.hgetall(self.keys.ticket(ticket_id))
-        return [self._from_redis(raw) if raw else None for raw in pipe.execute()]
+            self._read_call(ticket_id, pipe)
+        return [self._from_flat(flat) for flat in pipe.execute()]
 
     def _from_redis(self, raw: dict[str, str]) -> Ticket:
         ticket = Ticket.from_redis(raw)

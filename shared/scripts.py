@@ -15,7 +15,7 @@ from redis import Redis
 from redis.commands.core import Script
 
 _INCLUDE = re.compile(r"^-- @include (\w+)\s*$", re.MULTILINE)
-SCRIPT_NAMES = ("enqueue", "claim", "finish", "retry", "extend", "cancel", "reap")
+SCRIPT_NAMES = ("enqueue", "claim", "finish", "retry", "extend", "cancel", "reap", "read")
 
 
 @cache
@@ -41,6 +41,7 @@ class Scripts:
     extend: Script
     cancel: Script
     reap: Script
+    read: Script
 
     @classmethod
     def register(cls, redis: Redis) -> Scripts:

@@ -22,11 +22,12 @@ class ShedCode(StrEnum):
     KV_CACHE_FULL = "kv_cache_full"
     QUEUE_ORANGE = "queue_orange"
     TYPE_CAP = "type_cap_reached"
+    BRANCH_SHARE = "branch_share_exceeded"
 
     @property
     def error_type(self) -> str:
-        """The OpenAI-style error type: a cap is a rate limit, everything else is overload."""
-        return RATE_LIMITED if self is ShedCode.TYPE_CAP else OVERLOADED
+        """The OpenAI-style error type: a cap or a share is a rate limit, everything else is overload."""
+        return RATE_LIMITED if self in (ShedCode.TYPE_CAP, ShedCode.BRANCH_SHARE) else OVERLOADED
 
     @classmethod
     def parse(cls, value: str) -> ShedCode:
@@ -44,6 +45,10 @@ _CAUSES: dict[ShedCode, str] = {
     ShedCode.KV_CACHE_FULL: "the inference servers are nearly out of memory",
     ShedCode.QUEUE_ORANGE: "{label} requests are paused while the queue drains",
     ShedCode.TYPE_CAP: "{cap} {label} requests are already waiting, the most we hold at once",
+    ShedCode.BRANCH_SHARE: (
+        "your branch already holds its fair share of the {cap} {label} requests we hold at once, "
+        "while other branches are waiting (the cap divided by the branches with requests waiting)"
+    ),
 }
 
 

@@ -124,6 +124,7 @@ class Submission:
                 self.keys.wake,
                 self.keys.delayed,
                 self.keys.ticket_prefix,
+                self.keys.branch_depth(ticket.type),
             ],
             args=[
                 ticket.id,
@@ -148,17 +149,17 @@ class Submission:
             client=client,
         )
 
-    @staticmethod
-    def _result(ticket: Ticket, options: EnqueueOptions, raw: Sequence[str]) -> EnqueueResult:
+    def _result(self, ticket: Ticket, options: EnqueueOptions, raw: Sequence[str]) -> EnqueueResult:
         outcome, ticket_id = raw[0], raw[1]
         if outcome == "existing":
             return EnqueueResult("existing", ticket_id)
         if outcome == "rejected":  # what the script stored: the lean record, its code and words
             code = ShedCode.parse(raw[2])
+            words = raw[3] or self.shed_words(code, ticket.type)  # the fair-share rule leaves them to us
             update = {
                 "id": ticket_id,
                 "status": TicketStatus.REJECTED,
-                "error": raw[3],
+                "error": words,
                 "shed_code": code.value,
                 "retry_after": options.retry_after,
                 "finished_at": ticket.created_at,

@@ -11,13 +11,14 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from redis import Redis
 
 from producer.producer import Producer
 from shared.keys import QueueKeys
-from shared.policy import Policy, load_policy
+from shared.policy import Policy, default_policy_text, load_policy
 from shared.queue import TicketQueue
 
 TEST_REDIS_URL = os.environ.get("TIDEGATE_TEST_REDIS_URL", "redis://127.0.0.1:6379/9")
@@ -67,6 +68,16 @@ def queue_name(redis_client: Redis) -> Iterator[str]:
     name = f"test-{uuid.uuid4().hex[:12]}"
     yield name
     delete_queue_keys(redis_client, name)
+
+
+@pytest.fixture
+def loopback_callbacks_policy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A policy file allowing callbacks to 127.0.0.1 (the tests' receivers), also set as this
+    process's TIDEGATE_POLICY_FILE so callback jobs run in the test process read it."""
+    path = tmp_path / "policy-loopback-callbacks.toml"
+    path.write_text(default_policy_text() + '\n[callbacks]\nallow_hosts = ["127.0.0.1"]\n')
+    monkeypatch.setenv("TIDEGATE_POLICY_FILE", str(path))
+    return str(path)
 
 
 @pytest.fixture(scope="session")

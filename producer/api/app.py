@@ -12,11 +12,13 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
+from fastapi.routing import APIRoute
 
 from producer.api import routes_ops, routes_tickets
 from producer.api.auth import Authenticator
 from producer.api.body_size import BodySizeLimit
 from producer.api.context import ApiContext
+from producer.api.docs import install_docs
 from producer.api.errors import install_error_handlers
 from producer.api.keys import ApiKeyStore
 from producer.api.openai import routes as openai_routes
@@ -29,6 +31,17 @@ from shared.policy import Policy
 from shared.redis_conn import connect, connect_async
 
 API_VERSION = "1"
+DESCRIPTION = """Branch-office API of the tidegate LLM work queue.
+
+Authenticate with `Authorization: Bearer <key>`; a branch reads and cancels only its own tickets.
+Every error answers `{"error": {"message", "type", "param", "code"}}`; a 422 names the first bad
+field in `param` and lists them all in `issues`. A 429 or 503 carries `Retry-After` in seconds.
+"""
+
+
+def _operation_id(route: APIRoute) -> str:
+    """Operation ids a generated client can use as method names: the route function's name."""
+    return route.name
 
 
 def create_app(
@@ -71,14 +84,15 @@ def create_app(
     app = FastAPI(
         title="tidegate",
         version=API_VERSION,
-        description=(
-            "Branch-office API of the tidegate LLM work queue. Authenticate with "
-            "`Authorization: Bearer <key>`; a branch reads and cancels only its own tickets."
-        ),
+        description=DESCRIPTION,
         lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        generate_unique_id_function=_operation_id,
     )
     app.state.context = context
     install_error_handlers(app)
+    install_docs(app)
     app.include_router(routes_tickets.router)
     app.include_router(routes_ops.router)
     app.include_router(openai_routes.router)

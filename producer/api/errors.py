@@ -1,8 +1,8 @@
 """Error bodies and exception handlers: every failure answers JSON, and no input reaches a 500.
 
-Errors use OpenAI's shape (`{"error": {message, type, param, code}}`) so branch systems built on
-OpenAI clients already parse them; validation failures keep FastAPI's 422 shape
-(`{"detail": [{loc, msg, type}]}`), one entry per bad field, without echoing the input back.
+Every 4xx and 5xx uses one envelope in OpenAI's shape (`{"error": {message, type, param, code}}`)
+so branch systems built on OpenAI clients already parse them. A 422 names its first bad field in
+`param` and lists every one in `issues` (`[{loc, msg, type}]`), without echoing the input back.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from producer.api.schemas import ErrorBody, ErrorObject, ValidationErrorBody, ValidationIssue
+from producer.api.schemas import ErrorBody, ErrorObject, ValidationIssue
 from shared.errors import FieldError
 
 log = logging.getLogger("tidegate.api")
@@ -33,6 +33,7 @@ _STATUS_TYPES = {
     405: "invalid_request_error",
     413: "request_too_large",
     415: "invalid_request_error",
+    422: "invalid_request_error",
     429: "rate_limit_exceeded",
     500: "internal_error",
     503: "service_unavailable",
@@ -47,10 +48,16 @@ TOO_LARGE = "body over TIDEGATE_API_MAX_BODY_BYTES"
 _RETRY_AFTER_DOC = {"description": "seconds to wait before retrying", "schema": {"type": "integer"}}
 
 
-def error_responses(descriptions: Mapping[int, str]) -> ResponseDocs:
-    """OpenAPI entries for error statuses a route answers (all with the OpenAI-style body)."""
+INVALID = "a field, header or parameter is invalid; `param` names the first, `issues` lists all"
+REDIS_DOWN = "the queue's store is unreachable or full; nothing was changed, retry after the given seconds"
+
+
+def error_responses(descriptions: Mapping[int, str], *, validated: bool = True) -> ResponseDocs:
+    """OpenAPI entries for error statuses a route answers (all with the one error body). Routes
+    taking input also answer 422, and every route that reads the queue may answer 503."""
     docs: ResponseDocs = {}
-    for status, description in descriptions.items():
+    extra = {422: INVALID} if validated else {}
+    for status, description in {**extra, 503: REDIS_DOWN, **descriptions}.items():
         doc: dict[str, Any] = {"model": ErrorBody, "description": description}
         if status in (429, 503):
             doc["headers"] = {"Retry-After": _RETRY_AFTER_DOC}
@@ -82,8 +89,9 @@ def api_error(
 
 def error_response(status: int, error: ErrorObject, headers: Mapping[str, str] | None = None) -> JSONResponse:
     body = ErrorBody(error=error).model_dump(mode="json", exclude_none=False)
-    if error.ticket_id is None:
-        body["error"].pop("ticket_id")
+    for optional in ("ticket_id", "issues"):
+        if body["error"][optional] is None:
+            body["error"].pop(optional)
     return JSONResponse(body, status_code=status, headers=dict(headers or {}))
 
 
@@ -111,8 +119,32 @@ def issues_from_fields(errors: Iterable[FieldError], prefix: Sequence[str | int]
     return out
 
 
+_LOCATIONS = ("body", "query", "path", "header", "cookie")
+
+
+def issue_param(issue: ValidationIssue) -> str:
+    """The field an issue names, as a client spells it: `callback_url`, `messages.0.role`, a header
+    or path parameter by its name; `body` for the body as a whole."""
+    loc = list(issue.loc)
+    if len(loc) > 1 and loc[0] in _LOCATIONS:
+        loc = loc[1:]
+    return ".".join(str(part) for part in loc) or "body"
+
+
+def validation_error(issues: list[ValidationIssue]) -> ErrorObject:
+    """The 422 error object: the first bad field in `param`, every one in `issues` and the message."""
+    message = "; ".join(f"{'.'.join(str(p) for p in i.loc)}: {i.msg}" for i in issues) or "invalid request"
+    return ErrorObject(
+        message=message,
+        type="invalid_request_error",
+        param=issue_param(issues[0]) if issues else None,
+        code="invalid_field",
+        issues=issues,
+    )
+
+
 def validation_response(issues: list[ValidationIssue]) -> JSONResponse:
-    return JSONResponse(ValidationErrorBody(detail=issues).model_dump(mode="json"), status_code=422)
+    return error_response(422, validation_error(issues))
 
 
 async def _on_request_validation(request: Request, exc: Exception) -> JSONResponse:

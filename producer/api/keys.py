@@ -6,6 +6,7 @@ in listings and revocations without exposing it. Revoked keys keep their record 
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import hashlib
 import hmac
@@ -22,6 +23,8 @@ from shared import clock
 from shared.keys import QueueKeys
 
 TOKEN_PREFIX = "tg_"
+SECRET_PREFIX = "whsec_"
+SECRET_BYTES = 32
 KEY_ID_LENGTH = 12
 BRANCH_ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
 """The same rule as a ticket's branch_id, so every key's branch can own tickets."""
@@ -70,6 +73,11 @@ class ApiKeyError(ValueError):
     """A key operation that cannot be done; the message names the value and what is accepted."""
 
 
+def _new_secret() -> str:
+    """A Standard Webhooks secret: `whsec_` and 32 random bytes in base64."""
+    return SECRET_PREFIX + base64.b64encode(secrets.token_bytes(SECRET_BYTES)).decode()
+
+
 def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8")).hexdigest()
 
@@ -109,6 +117,27 @@ class ApiKeyStore:
         )
         self.redis.hset(self.keys.api_keys, digest, record.to_json())
         return token, record
+
+    def create_callback_secret(self, branch_id: str) -> str | None:
+        """The branch's new callback signing secret, or None when it already has one.
+
+        Unlike API keys the secret is stored as it is: signing a delivery needs it. It is shown
+        only when created, so a second key for the branch does not reveal it again.
+        """
+        secret = _new_secret()
+        created = self.redis.hsetnx(self.keys.callback_secrets, branch_id, secret)
+        return secret if created else None
+
+    def rotate_callback_secret(self, branch_id: str) -> str:
+        """Replace the branch's signing secret (a lost or leaked one): deliveries from now on are
+        signed with the returned secret only, which is shown this once."""
+        if not BRANCH_ID_PATTERN.match(branch_id):
+            raise ApiKeyError(
+                f"branch {branch_id!r} is not a valid branch id: use 1-32 letters, digits, '_' or '-'"
+            )
+        secret = _new_secret()
+        self.redis.hset(self.keys.callback_secrets, branch_id, secret)
+        return secret
 
     def lookup(self, token: str) -> ApiKey | None:
         """The record of `token`, revoked or not; None for a key never issued here."""

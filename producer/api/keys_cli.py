@@ -57,7 +57,10 @@ def create(
     queue: str | None = QueueOption,
     as_json: bool = JsonOption,
 ) -> None:
-    """Create a key. The key is printed once and stored only as a hash: keep it now."""
+    """Create a key. The key is printed once and stored only as a hash: keep it now.
+
+    A branch's first key also creates the branch's callback signing secret, printed once too.
+    """
     if operator == (branch is not None):
         fail("give exactly one of --branch ID or --operator", EXIT_BAD_INPUT)
     settings = load_settings(queue_name=queue)
@@ -68,20 +71,26 @@ def create(
             EXIT_BAD_INPUT,
         )
     store = _store(queue)
+    secret: str | None = None
     try:
         token, record = store.create(
             Role.OPERATOR if operator else Role.BRANCH, branch, label, default_type=default_type
         )
+        if branch is not None:
+            secret = store.create_callback_secret(branch)
     except ApiKeyError as exc:
         fail(str(exc), EXIT_BAD_INPUT)
     except redis.RedisError as exc:
         redis_failure(exc)
     if as_json:
-        print_json({"key": token, **_doc(record)})
+        print_json({"key": token, **_doc(record), "callback_secret": secret})
         return
     owner = "operator" if operator else f"branch {branch}"
     typer.echo(f"created key {record.key_id} for {owner}; it is shown only now:")
     typer.echo(token)
+    if secret is not None:
+        typer.echo(f"callback signing secret of branch {branch} (Standard Webhooks), shown only now:")
+        typer.echo(secret)
 
 
 @app.command("list")
@@ -130,3 +139,24 @@ def revoke(
         print_json(_doc(record))
         return
     typer.echo(f"revoked key {record.key_id} ({record.role.value} {record.branch_id or ''})".rstrip())
+
+
+@app.command("rotate-secret")
+def rotate_secret(
+    branch: str = typer.Option(..., "--branch", help="the branch whose callback signing secret to replace"),
+    queue: str | None = QueueOption,
+    as_json: bool = JsonOption,
+) -> None:
+    """Replace a branch's callback signing secret; the new one is printed once, the old stops signing."""
+    store = _store(queue)
+    try:
+        secret = store.rotate_callback_secret(branch)
+    except ApiKeyError as exc:
+        fail(str(exc), EXIT_BAD_INPUT)
+    except redis.RedisError as exc:
+        redis_failure(exc)
+    if as_json:
+        print_json({"branch_id": branch, "callback_secret": secret})
+        return
+    typer.echo(f"new callback signing secret of branch {branch} (Standard Webhooks), shown only now:")
+    typer.echo(secret)

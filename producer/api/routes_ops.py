@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Annotated, cast
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Body, Response
 
 from producer.api.auth import require_operator
 from producer.api.context import Caller, Context
 from producer.api.errors import UNAUTHORIZED, UNREADABLE, error_responses
 from producer.api.schemas import (
+    MODE_BODY_EXAMPLES,
     AlarmLabel,
     HealthView,
     ModeBody,
@@ -27,9 +28,13 @@ router = APIRouter()
 
 
 @router.get(
-    "/v1/queues", response_model=QueuesView, responses=error_responses({401: UNAUTHORIZED}), tags=["queues"]
+    "/v1/queues",
+    response_model=QueuesView,
+    responses=error_responses({401: UNAUTHORIZED}, validated=False),
+    tags=["queues"],
+    summary="Queue depth per type, alarm level, mode and workers",
 )
-def queues(context: Context, principal: Caller) -> QueuesView:
+def read_queues(context: Context, principal: Caller) -> QueuesView:
     """Depth per type, alarm level, mode and workers; worker details for operator keys."""
     queue = context.producer.queue
     stats = queue.stats()
@@ -74,8 +79,11 @@ def queues(context: Context, principal: Caller) -> QueuesView:
     response_model=ModeView,
     responses=error_responses({400: UNREADABLE, 401: UNAUTHORIZED, 403: "not an operator key"}),
     tags=["operator"],
+    summary="Set the operator mode (normal or critical-only)",
 )
-def put_mode(body: ModeBody, context: Context, principal: Caller) -> ModeView:
+def put_mode(
+    body: Annotated[ModeBody, Body(openapi_examples=MODE_BODY_EXAMPLES)], context: Context, principal: Caller
+) -> ModeView:
     """Operator override: `critical-only` admits only critical types (loan approvals) until `normal`."""
     require_operator(principal)
     previous = set_mode(
@@ -88,8 +96,9 @@ def put_mode(body: ModeBody, context: Context, principal: Caller) -> ModeView:
 @router.get(
     "/healthz",
     response_model=HealthView,
-    responses=error_responses({503: "Redis is unreachable"}),
+    responses=error_responses({}, validated=False),
     tags=["health"],
+    summary="Liveness and Redis reachability",
 )
 def healthz(context: Context) -> HealthView:
     """200 while Redis answers; 503 otherwise (so a load balancer stops sending tickets here)."""
@@ -100,8 +109,12 @@ def healthz(context: Context) -> HealthView:
 @router.get(
     "/metrics",
     response_class=Response,
-    responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
+    responses={
+        200: {"content": {"text/plain": {"schema": {"type": "string"}}}},
+        **error_responses({}, validated=False),
+    },
     tags=["health"],
+    summary="Prometheus metrics",
 )
 def metrics(context: Context) -> Response:
     """Prometheus exposition: queue state read from Redis, plus this process's own metrics."""

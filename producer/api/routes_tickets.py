@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Path
+from fastapi import APIRouter, Body, Header, Path
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
@@ -24,8 +24,11 @@ from producer.api.errors import (
     error_responses,
     issues_from_fields,
     issues_from_pydantic,
+    validation_error,
 )
 from producer.api.schemas import (
+    BATCH_BODY_EXAMPLES,
+    TICKET_BODY_EXAMPLES,
     TICKET_ID_PATTERN,
     BatchBody,
     BatchItemResult,
@@ -131,7 +134,7 @@ def _accepted(result: SubmitResult, ticket: Ticket | None) -> TicketAccepted:
     summary="Submit one ticket",
 )
 def submit_ticket(
-    body: TicketBody,
+    body: Annotated[TicketBody, Body(openapi_examples=TICKET_BODY_EXAMPLES)],
     context: Context,
     principal: Caller,
     idempotency_key: Annotated[
@@ -144,11 +147,9 @@ def submit_ticket(
         ),
     ] = None,
 ) -> JSONResponse:
-    """202 with the ticket's id, status, priority and expiry; 429 with Retry-After when shed.
-
-    Answers a ready JSONResponse (the model is documented via response_model) because FastAPI would
-    otherwise validate the returned model again in a second threadpool hop, on the hottest route.
-    """
+    """202 with the ticket's id, status, priority and expiry; 429 with Retry-After when shed."""
+    # A ready JSONResponse (the model is documented via response_model): FastAPI would otherwise
+    # validate the returned model again in a second threadpool hop, on the hottest route.
     try:
         branch = _branch_for(principal, body.branch_id, ["body"])
         if idempotency_key is not None and body.idempotency_key not in (None, idempotency_key):
@@ -205,8 +206,12 @@ def _batch_item(
     responses=error_responses({400: UNREADABLE, 401: UNAUTHORIZED, 413: TOO_LARGE}),
     summary="Submit up to 500 tickets; each item succeeds or fails on its own",
 )
-def submit_batch(body: BatchBody, context: Context, principal: Caller) -> BatchResult:
-    """Per-item results in request order; admitted items are enqueued in one round trip."""
+def submit_batch(
+    body: Annotated[BatchBody, Body(openapi_examples=BATCH_BODY_EXAMPLES)],
+    context: Context,
+    principal: Caller,
+) -> BatchResult:
+    """Per-item results in request order; each item answers what a single POST would have."""
     items: dict[int, BatchItemResult] = {}
     valid: list[tuple[int, TicketRequest]] = []
     for index, raw in enumerate(body.tickets):
@@ -219,7 +224,9 @@ def submit_batch(body: BatchBody, context: Context, principal: Caller) -> BatchR
             branch = _branch_for(principal, parsed.branch_id, loc)
             valid.append((index, _request(context, parsed, branch, loc)))
         except _Invalid as exc:
-            items[index] = BatchItemResult(index=index, status_code=422, outcome="invalid", detail=exc.issues)
+            items[index] = BatchItemResult(
+                index=index, status_code=422, outcome="invalid", error=validation_error(exc.issues)
+            )
         except ApiError as exc:
             items[index] = BatchItemResult(index=index, status_code=403, outcome="forbidden", error=exc.error)
     results = context.producer.submit_many([request for _, request in valid]) if valid else []

@@ -1,15 +1,17 @@
-"""The JSON documents of the HTTP API, shared by the server, the Python client and callbacks.
+"""The JSON documents of the HTTP API, shared by the server and callbacks (the Python client,
+clients/python/, mirrors them as dataclasses; tests/client checks they agree).
 
-Only pydantic here (no FastAPI), so the client and the callback job import it cheaply. The request
+Only pydantic here (no FastAPI), so the callback job imports it cheaply. The request
 body reuses `TicketRequest`'s fields and validators, so the HTTP schema shows the same types and
 limits as the Python producer; only `branch_id` becomes optional, because the API key names it.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 from pydantic import AnyHttpUrl, BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic.config import JsonDict
 
 from shared.control import Mode
 from shared.models import Ticket, TicketRequest, TicketStatus
@@ -33,12 +35,15 @@ _CALLBACK_URL_SCHEMA: dict[str, Any] = {
     "description": "http(s) URL that receives the ticket's JSON (as GET /v1/tickets/{id}) when it ends",
 }
 
+# A character Python's str.strip() keeps: \s of JSON Schema (ECMA) regexes misses \x1c-\x1f and \x85.
+_NOT_BLANK = r"[^\s\x1c-\x1f\x85]"
+
 # Exactly one of prompt (text) or messages (chat): written out so generated bodies respect it.
 _PROMPT_XOR_MESSAGES: dict[str, Any] = {
     "anyOf": [
         {
             "required": ["prompt"],
-            "properties": {"prompt": {"type": "string", "pattern": r"\S"}, "messages": {"type": "null"}},
+            "properties": {"prompt": {"type": "string", "pattern": _NOT_BLANK}, "messages": {"type": "null"}},
         },
         {
             "required": ["messages"],
@@ -48,10 +53,42 @@ _PROMPT_XOR_MESSAGES: dict[str, Any] = {
 }
 
 
-class TicketBody(TicketRequest):
-    """One ticket as a branch POSTs it. The policy checks (known type, context limit) run afterwards."""
+TICKET_EXAMPLES: list[dict[str, Any]] = [
+    {"type": "loan_approval", "urgent_level": 3, "prompt": "Approve a 25k loan for client 7781?"},
+    {
+        "type": "complaint",
+        "vip_level": 2,
+        "messages": [{"role": "user", "content": "My card was charged twice on 3 May."}],
+        "max_tokens": 200,
+        "callback_url": "https://hooks.branch-0412.example/tidegate",
+    },
+    {"type": "archive_query", "is_bulk": True, "prompt": "List 2019 statements of account 55-1021."},
+]
 
-    model_config = ConfigDict(json_schema_extra=_PROMPT_XOR_MESSAGES)
+
+def named_examples(*examples: tuple[str, dict[str, Any]]) -> dict[str, Any]:
+    """OpenAPI media-type examples (`openapi_examples=`), each with a summary, for the docs pages."""
+    return {name.replace(" ", "_"): {"summary": name, "value": value} for name, value in examples}
+
+
+TICKET_BODY_EXAMPLES = named_examples(
+    ("urgent loan approval", TICKET_EXAMPLES[0]),
+    ("VIP complaint as chat, with a callback", TICKET_EXAMPLES[1]),
+    ("bulk archive query", TICKET_EXAMPLES[2]),
+)
+BATCH_BODY_EXAMPLES = named_examples(("two tickets", {"tickets": TICKET_EXAMPLES[:2]}))
+MODE_BODY_EXAMPLES = named_examples(
+    ("admit only critical types", {"mode": "critical-only"}), ("back to normal", {"mode": "normal"})
+)
+
+
+class TicketBody(TicketRequest):
+    """One ticket as a branch POSTs it: a `prompt` or chat `messages`, its type and factors."""
+
+    # The policy's checks (known type, context limit) run after this model's own.
+    model_config = ConfigDict(
+        json_schema_extra=cast("JsonDict", {**_PROMPT_XOR_MESSAGES, "examples": TICKET_EXAMPLES})
+    )
 
     branch_id: str | None = Field(  # type: ignore[assignment]  # optional here: the API key names the branch
         default=None,
@@ -62,9 +99,11 @@ class TicketBody(TicketRequest):
 
 
 class BatchBody(BaseModel):
-    """Up to MAX_BATCH tickets. Items are validated one by one so one bad item fails only itself."""
+    """Up to 500 tickets; each item is checked on its own, so one bad item fails only itself."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra=cast("JsonDict", {"examples": [{"tickets": TICKET_EXAMPLES[:2]}]})
+    )
 
     tickets: list[dict[str, Any]] = Field(
         min_length=1,
@@ -152,30 +191,51 @@ class CancelResult(BaseModel):
     cancelled: bool = Field(description="true when this call cancelled it; false when it had already ended")
 
 
-class ErrorObject(BaseModel):
-    """OpenAI's error shape, so branch systems built on OpenAI clients read it without new code."""
-
-    message: str
-    type: str
-    param: str | None = None
-    code: str | None = None
-    ticket_id: str | None = Field(default=None, description="the `rejected` ticket record, for a shed ticket")
-
-
-class ErrorBody(BaseModel):
-    error: ErrorObject
-
-
 class ValidationIssue(BaseModel):
+    """One bad field: where it is (`["body", "messages", 0, "role"]`), what is wrong, a kind."""
+
     loc: list[str | int]
     msg: str
     type: str
 
 
-class ValidationErrorBody(BaseModel):
-    """FastAPI's 422 shape: one entry per bad field."""
+class ErrorObject(BaseModel):
+    """Every error answer's body, in OpenAI's shape (so OpenAI clients read it as they are)."""
 
-    detail: list[ValidationIssue]
+    message: str
+    type: str
+    param: str | None = Field(default=None, description="the field, header or parameter at fault")
+    code: str | None = None
+    ticket_id: str | None = Field(default=None, description="the `rejected` ticket record, for a shed ticket")
+    issues: list[ValidationIssue] | None = Field(default=None, description="every bad field, for a 422")
+
+
+class ErrorBody(BaseModel):
+    """`{"error": {...}}`: the one body of every 4xx and 5xx answer."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "error": {
+                        "message": "body.urgent_level: Input should be less than or equal to 5",
+                        "type": "invalid_request_error",
+                        "param": "urgent_level",
+                        "code": "invalid_field",
+                        "issues": [
+                            {
+                                "loc": ["body", "urgent_level"],
+                                "msg": "Input should be less than or equal to 5",
+                                "type": "less_than_equal",
+                            }
+                        ],
+                    }
+                }
+            ]
+        }
+    )
+
+    error: ErrorObject
 
 
 class BatchItemResult(BaseModel):
@@ -187,8 +247,7 @@ class BatchItemResult(BaseModel):
     priority: float | None = None
     expires_at: float | None = None
     retry_after: int | None = Field(default=None, description="seconds, for a shed item")
-    error: ErrorObject | None = None
-    detail: list[ValidationIssue] | None = None
+    error: ErrorObject | None = Field(default=None, description="why the item was not queued")
 
 
 class BatchResult(BaseModel):
@@ -234,7 +293,7 @@ class QueuesView(BaseModel):
 
 
 class ModeBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"mode": "critical-only"}]})
 
     mode: Mode
 

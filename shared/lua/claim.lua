@@ -17,6 +17,7 @@ KEYS[7] outbox list             {q}:outbox
 KEYS[8] ticket hash prefix      {q}:t:   (ids are unknown until popped; the prefix carries the
                                           queue's hash tag, so every key stays on one slot)
 KEYS[9..8+n] waiting zset of each type, in the order of ARGV[9..]
+KEYS[9+n..8+2n] branch depth hash of each type, same order
 
 ARGV[1] now (Unix seconds)
 ARGV[2] most tickets to claim
@@ -44,6 +45,7 @@ local retention = ARGV[7]
 local prefix = KEYS[8]
 local ntypes = tonumber(ARGV[8])
 local waiting = waiting_keys(9, 9, ntypes)
+local depths = waiting_keys(9 + ntypes, 9, ntypes)
 local normal_limit = tonumber(ARGV[9 + ntypes])
 local normal_budget = tonumber(ARGV[10 + ntypes])
 local critical = {}
@@ -62,14 +64,14 @@ while #claimed < limit and scanned < limit + 1000 do
   if #head == 0 then break end
   local id = head[1]
   local key = prefix .. id
-  local t = redis.call('HMGET', key, 'status', 'type', 'expires_at', 'cost')
+  local t = redis.call('HMGET', key, 'status', 'type', 'expires_at', 'cost', 'branch_id')
   local ticket_type = t[2]
   if t[1] ~= 'queued' or not ticket_type then
     -- Not a queued ticket any more (its hash is gone or it ended elsewhere): drop the stale entry.
     redis.call('ZREM', KEYS[1], id)
     scanned = scanned + 1
   elseif tonumber(t[3]) <= now then
-    unqueue(id, KEYS[1], KEYS[2], KEYS[3], waiting[ticket_type] or KEYS[1])
+    unqueue(id, KEYS[1], KEYS[2], KEYS[3], waiting[ticket_type] or KEYS[1], depths[ticket_type], t[5])
     finish_ticket(key, id, ticket_type, 'expired', ARGV[1], retention,
       'TTL passed while queued', KEYS[5], KEYS[7])
     expired = expired + 1
@@ -85,7 +87,7 @@ while #claimed < limit and scanned < limit + 1000 do
     if over and not (#claimed == 0 and ARGV[6] == '1') then break end
     used = used + cost
     local token = redis.call('INCR', KEYS[6])
-    unqueue(id, KEYS[1], KEYS[2], KEYS[3], waiting[ticket_type] or KEYS[1])
+    unqueue(id, KEYS[1], KEYS[2], KEYS[3], waiting[ticket_type] or KEYS[1], depths[ticket_type], t[5])
     redis.call('HINCRBY', key, 'attempts', 1)
     redis.call('HSET', key, 'status', 'running', 'token', token, 'worker', ARGV[4],
       'started_at', ARGV[1], 'lease_until', now + lease)

@@ -15,6 +15,7 @@ KEYS[7] outbox list             {q}:outbox
 KEYS[8] wake list               {q}:wake
 KEYS[9] ticket hash prefix      {q}:t:   (ids are found by the sweep; same hash tag, same slot)
 KEYS[10..9+n] waiting zset of each type, in the order of ARGV[7..]
+KEYS[10+n..9+2n] branch depth hash of each type, same order
 
 ARGV[1] now (Unix seconds)
 ARGV[2] lock owner (any unique string)
@@ -38,6 +39,7 @@ local retention = ARGV[4]
 local limit = tonumber(ARGV[5])
 local prefix = KEYS[9]
 local waiting = waiting_keys(10, 7, tonumber(ARGV[6]))
+local depths = waiting_keys(10 + tonumber(ARGV[6]), 7, tonumber(ARGV[6]))
 local requeued, failed, expired, promoted = 0, 0, 0, 0
 
 local lost = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, limit)
@@ -45,7 +47,7 @@ for _, id in ipairs(lost) do
   local key = prefix .. id
   redis.call('ZREM', KEYS[2], id)
   local t = redis.call('HMGET', key, 'status', 'type', 'attempts', 'max_attempts', 'expires_at',
-    'created_at', 'score', 'worker')
+    'created_at', 'score', 'worker', 'branch_id')
   if t[1] == 'running' then
     local attempts = tonumber(t[3]) or 0
     if attempts >= (tonumber(t[4]) or 1) then
@@ -62,7 +64,9 @@ for _, id in ipairs(lost) do
         'last_error', 'lease expired (worker ' .. (t[8] or '?') .. ' stopped renewing it)')
       redis.call('ZADD', KEYS[3], t[7], id)
       redis.call('ZADD', KEYS[5], t[5], id)
-      if waiting[t[2]] then redis.call('ZADD', waiting[t[2]], t[6], id) end
+      if waiting[t[2]] and redis.call('ZADD', waiting[t[2]], t[6], id) == 1 then
+        count_branch(depths[t[2]], t[9], 1)
+      end
       requeued = requeued + 1
     end
   end
@@ -71,8 +75,8 @@ end
 local stale = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now, 'LIMIT', 0, limit)
 for _, id in ipairs(stale) do
   local key = prefix .. id
-  local t = redis.call('HMGET', key, 'status', 'type')
-  unqueue(id, KEYS[3], KEYS[4], KEYS[5], waiting[t[2] or ''] or KEYS[3])
+  local t = redis.call('HMGET', key, 'status', 'type', 'branch_id')
+  unqueue(id, KEYS[3], KEYS[4], KEYS[5], waiting[t[2] or ''] or KEYS[3], depths[t[2] or ''], t[3])
   if t[1] == 'queued' then
     finish_ticket(key, id, t[2], 'expired', ARGV[1], retention, 'TTL passed while queued',
       KEYS[6], KEYS[7])

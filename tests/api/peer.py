@@ -15,18 +15,21 @@ Answer = tuple[int, dict[str, str], Any]
 
 
 class ScriptedPeer:
-    """The n-th request gets script[n] (the last entry repeats); `requests` and `bodies` record them."""
+    """The n-th request gets script[n] (the last entry repeats); `requests`, `bodies` (parsed) and
+    `raw_bodies` (the bytes, for signature checks) record them."""
 
     def __init__(self, script: list[Answer]) -> None:
         self.script = script
         self.requests: list[dict[str, str]] = []
         self.bodies: list[Any] = []
+        self.raw_bodies: list[bytes] = []
         peer = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 peer.requests.append(dict(self.headers))
+                peer.raw_bodies.append(raw)
                 peer.bodies.append(json.loads(raw) if raw else None)
                 status, headers, body = peer.script[min(len(peer.requests), len(peer.script)) - 1]
                 data = json.dumps(body).encode()

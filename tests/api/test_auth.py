@@ -100,7 +100,7 @@ def test_mode_is_operator_only_and_critical_only_sheds_complaints(
     assert complaint.json()["error"]["code"] == "critical_only"
     assert loan.status_code == 202
     assert bad.status_code == 422
-    assert bad.json()["detail"][0]["loc"] == ["body", "mode"]
+    assert bad.json()["error"]["issues"][0]["loc"] == ["body", "mode"]
     assert branch.post(api.url("/v1/tickets"), json={"type": "complaint", "prompt": "hi"}).status_code == 202
 
 

@@ -13,12 +13,19 @@ from rq import Queue, Retry, SimpleWorker
 from rq.job import JobStatus
 
 from producer.callbacks import CallbackFailed, deliver_callback
+from shared.config import Settings
 from shared.queue import TicketQueue
 from tests.api.conftest import Api
 from tests.api.peer import Answer, ScriptedPeer
 
 OK: Answer = (200, {}, {"received": True})
 BROKEN: Answer = (500, {}, {"error": "receiver down"})
+
+
+@pytest.fixture
+def api_settings(api_settings: Settings, loopback_callbacks_policy: str) -> Settings:
+    """Receivers here listen on 127.0.0.1, which the policy must allow (test_callback_safety.py)."""
+    return Settings(**api_settings.model_dump(exclude={"policy_file"}), policy_file=loopback_callbacks_policy)
 
 
 def _finished_ticket(api: Api, branch: requests.Session, ticket_queue: TicketQueue, callback_url: str) -> str:

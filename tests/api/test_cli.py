@@ -33,7 +33,20 @@ def test_keys_create_list_revoke(env: dict[str, str]) -> None:
     code, out, _ = _keys(env, "list", "--json")
     listed = json.loads(out)["keys"]
     assert [k["key_id"] for k in listed] == [created["key_id"]]
-    assert created["key"] not in out  # the secret is shown once, at creation
+    assert (
+        created["key"] not in out and created["callback_secret"] not in out
+    )  # the secret is shown once, at creation
+
+    # The branch's first key also made its callback signing secret; a second key does not show it.
+    assert created["callback_secret"].startswith("whsec_")
+    code, out, _ = _keys(env, "create", "--branch", "0412")
+    assert code == 0 and "whsec_" not in out
+    code, out, _ = _keys(env, "create", "--branch", "0413")
+    assert code == 0 and "callback signing secret of branch 0413" in out
+    code, out, _ = _keys(env, "rotate-secret", "--branch", "0412", "--json")
+    rotated = json.loads(out)["callback_secret"]
+    assert code == 0 and rotated.startswith("whsec_") and rotated != created["callback_secret"]
+    assert _keys(env, "rotate-secret", "--branch", "04 12")[0] == 2
 
     code, out, _ = _keys(env, "revoke", created["key_id"], "--json")
     assert code == 0

@@ -7,7 +7,7 @@ import time
 import requests
 from redis import Redis
 
-from shared.models import TicketStatus
+from shared.models import TicketRequest, TicketStatus
 from shared.queue import TicketQueue
 from tests.api.conftest import Api
 
@@ -117,7 +117,7 @@ def test_operator_submits_only_for_a_named_branch(api: Api, operator_key: str) -
         missing = operator.post(api.url("/v1/tickets"), json=LOAN)
         named = operator.post(api.url("/v1/tickets"), json={**LOAN, "branch_id": "0007"})
     assert missing.status_code == 422
-    assert missing.json()["detail"][0]["loc"] == ["body", "branch_id"]
+    assert missing.json()["error"]["issues"][0]["loc"] == ["body", "branch_id"]
     assert named.status_code == 202
 
 
@@ -174,9 +174,9 @@ def test_batch_partial_success_with_per_item_results(api: Api, branch: requests.
     ]
     results = body["results"]
     assert results[2]["id"] == results[3]["id"]
-    assert results[1]["detail"][0]["loc"] == ["body", "tickets", 1, "type"]
-    assert "loan_approval, complaint, archive_query" in results[1]["detail"][0]["msg"]
-    assert results[5]["detail"] == [
+    assert results[1]["error"]["issues"][0]["loc"] == ["body", "tickets", 1, "type"]
+    assert "loan_approval, complaint, archive_query" in results[1]["error"]["issues"][0]["msg"]
+    assert results[5]["error"]["issues"] == [
         {
             "loc": ["body", "tickets", 5, "colour"],
             "msg": "Extra inputs are not permitted",
@@ -192,7 +192,7 @@ def test_batch_partial_success_with_per_item_results(api: Api, branch: requests.
 def test_batch_over_500_items_is_refused_whole(api: Api, branch: requests.Session) -> None:
     response = branch.post(api.url("/v1/tickets/batch"), json={"tickets": [{"type": "x"}] * 501})
     assert response.status_code == 422
-    assert response.json()["detail"][0]["loc"] == ["body", "tickets"]
+    assert response.json()["error"]["issues"][0]["loc"] == ["body", "tickets"]
 
 
 def test_queues_shows_depth_level_mode_and_workers(api: Api, branch: requests.Session) -> None:
@@ -215,3 +215,37 @@ def test_healthz_and_metrics_need_no_key(api: Api) -> None:
     assert metrics.status_code == 200
     assert 'tidegate_queue_depth{type="complaint"} 0.0' in metrics.text
     assert "tidegate_alarm_level 0.0" in metrics.text
+
+
+def test_a_queued_ticket_past_its_ttl_reads_expired_with_no_sweeper_running(
+    api: Api, branch: requests.Session, ticket_queue: TicketQueue, redis_client: Redis
+) -> None:
+    """No worker, monitor or reaper runs here: the read itself ends the ticket, once, atomically."""
+    submitted = branch.post(
+        api.url("/v1/tickets"), json={"type": "complaint", "prompt": "hi", "ttl_seconds": 1}
+    )
+    ticket_id = submitted.json()["id"]
+    keys = api.queue_keys
+    assert branch.get(api.url(f"/v1/tickets/{ticket_id}")).json()["status"] == "queued"
+    time.sleep(1.5)
+    view = branch.get(api.url(f"/v1/tickets/{ticket_id}")).json()
+    assert (view["status"], view["error"]) == ("expired", "TTL passed while queued")
+    assert view["finished_at"] >= view["expires_at"]
+    # Recorded, not only reported: out of every queued structure, counted once, with a retention.
+    assert redis_client.hget(keys.ticket(ticket_id), "status") == "expired"
+    for queued in (keys.pending, keys.deadlines, keys.waiting("complaint")):
+        assert redis_client.zscore(queued, ticket_id) is None
+    assert redis_client.ttl(keys.ticket(ticket_id)) > 0
+    assert branch.get(api.url(f"/v1/tickets/{ticket_id}")).json()["status"] == "expired"
+    assert ticket_queue.reap("after-the-read").expired == 0
+    assert ticket_queue.stats().counts["complaint:expired"] == 1
+    assert ticket_queue.claim("w-late", 1) == []
+
+
+def test_a_read_before_the_deadline_changes_nothing(ticket_queue: TicketQueue, redis_client: Redis) -> None:
+    request = TicketRequest(type="complaint", branch_id="0412", prompt="hi", ttl_seconds=30)
+    ticket_id = ticket_queue.enqueue(request).ticket_id
+    [read] = ticket_queue.get_many([ticket_id])
+    assert read is not None and read.status is TicketStatus.QUEUED
+    assert redis_client.zscore(ticket_queue.keys.pending, ticket_id) is not None
+    assert ticket_queue.get_many(["0000000000000000000000000z"]) == [None]

@@ -62,15 +62,19 @@ def test_each_bad_field_is_named(
 ) -> None:
     response = post({**GOOD, **change})
     assert response.status_code == 422, response.text
-    detail = response.json()["detail"]
+    error = response.json()["error"]
+    assert set(response.json()) == {"error"}  # the one error envelope, as for every 4xx and 5xx
+    assert (error["type"], error["code"]) == ("invalid_request_error", "invalid_field")
+    assert error["param"] == (".".join(str(p) for p in loc[1:]) or "body")
+    detail = error["issues"]
     assert [item["loc"] for item in detail] == [loc]
-    assert fragment in detail[0]["msg"]
+    assert fragment in detail[0]["msg"] and fragment in error["message"]
     assert set(detail[0]) == {"loc", "msg", "type"}  # the input is never echoed back
 
 
 def test_several_bad_fields_are_all_named(post: Any) -> None:
     response = post({**GOOD, "urgent_level": 9, "vip_level": 9, "extra": 1})
-    assert sorted(str(item["loc"][-1]) for item in response.json()["detail"]) == [
+    assert sorted(str(item["loc"][-1]) for item in response.json()["error"]["issues"]) == [
         "extra",
         "urgent_level",
         "vip_level",
@@ -80,7 +84,7 @@ def test_several_bad_fields_are_all_named(post: Any) -> None:
 def test_missing_type_is_named(post: Any) -> None:
     response = post({"prompt": "hi"})
     assert response.status_code == 422
-    assert ["body", "type"] in [item["loc"] for item in response.json()["detail"]]
+    assert ["body", "type"] in [item["loc"] for item in response.json()["error"]["issues"]]
 
 
 def test_text_that_is_not_unicode_is_named(api: Api, branch: requests.Session) -> None:
@@ -88,7 +92,7 @@ def test_text_that_is_not_unicode_is_named(api: Api, branch: requests.Session) -
     body = b'{"type": "complaint", "messages": [{"role": "user", "content": "a\\ud800"}]}'
     response = branch.post(api.url("/v1/tickets"), data=body, headers={"Content-Type": "application/json"})
     assert response.status_code == 422
-    assert response.json()["detail"][0]["loc"] == ["body", "messages", 0, "content"]
+    assert response.json()["error"]["issues"][0]["loc"] == ["body", "messages", 0, "content"]
 
 
 def test_bad_json_is_422_naming_the_body(api: Api, branch: requests.Session) -> None:
@@ -98,8 +102,8 @@ def test_bad_json_is_422_naming_the_body(api: Api, branch: requests.Session) -> 
         headers={"Content-Type": "application/json"},
     )
     assert response.status_code == 422
-    assert response.json()["detail"][0]["type"] == "json_invalid"
-    assert response.json()["detail"][0]["loc"][0] == "body"
+    assert response.json()["error"]["issues"][0]["type"] == "json_invalid"
+    assert response.json()["error"]["issues"][0]["loc"][0] == "body"
 
 
 @pytest.mark.parametrize("body", [[], "text", 3, None])
@@ -110,7 +114,8 @@ def test_non_object_bodies_are_refused(post: Any, body: Any) -> None:
 def test_idempotency_header_limits_and_conflicts(post: Any) -> None:
     too_long = post(GOOD, headers={"Idempotency-Key": "k" * 129})
     assert too_long.status_code == 422
-    assert too_long.json()["detail"][0]["loc"] == ["header", "Idempotency-Key"]
+    assert too_long.json()["error"]["issues"][0]["loc"] == ["header", "Idempotency-Key"]
+    assert too_long.json()["error"]["param"] == "Idempotency-Key"
     conflict = post({**GOOD, "idempotency_key": "a"}, headers={"Idempotency-Key": "b"})
     assert conflict.status_code == 409
     assert conflict.json()["error"]["code"] == "idempotency_key_conflict"
@@ -121,7 +126,7 @@ def test_idempotency_header_limits_and_conflicts(post: Any) -> None:
 def test_bad_ticket_id_in_path(api: Api, branch: requests.Session) -> None:
     response = branch.get(api.url("/v1/tickets/not-an-id!"))
     assert response.status_code == 422
-    assert response.json()["detail"][0]["loc"] == ["path", "ticket_id"]
+    assert response.json()["error"]["issues"][0]["loc"] == ["path", "ticket_id"]
 
 
 def test_declared_oversize_body_is_413_before_reading(api: Api, branch_key: str) -> None:

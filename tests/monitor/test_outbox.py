@@ -77,7 +77,10 @@ def test_real_finished_tickets_reach_the_outbox_only_with_a_callback_url(
 
 
 def test_a_finished_tickets_callback_is_delivered_through_rq(
-    rq_queues: RqQueues, make_monitor: MonitorFactory, hook_server: tuple[str, list[dict[str, Any]]]
+    rq_queues: RqQueues,
+    make_monitor: MonitorFactory,
+    hook_server: tuple[str, list[dict[str, Any]]],
+    loopback_callbacks_policy: str,
 ) -> None:
     url, received = hook_server
     monitor = make_monitor()

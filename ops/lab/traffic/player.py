@@ -23,11 +23,11 @@ from typing import Any, Literal
 
 import requests
 from requests.adapters import HTTPAdapter
+from tidegate_client import parse_retry_after
 
 from ops.lab.traffic.records import OUTCOMES, TicketRecord, TypeFigures, type_figures
 from ops.lab.traffic.timetable import Timetable
 from ops.lab.traffic.workload import PlannedArrival
-from producer.client import parse_retry_after
 from shared.policy import Policy
 
 log = logging.getLogger(__name__)

@@ -46,6 +46,46 @@ _ERRORS = error_responses(
 SHED_HEADER = "X-Tidegate-Shed"
 
 
+def _body_doc(required: str, examples: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The OpenAI request body as documentation: handlers parse it themselves (call.py), so it is
+    described here with examples rather than as a model FastAPI would validate first."""
+    schema = {"type": "object", "required": ["model", required], "additionalProperties": True}
+    content = {
+        "schema": schema,
+        "examples": {k.replace(" ", "_"): {"summary": k, "value": v} for k, v in examples.items()},
+    }
+    return {"requestBody": {"required": True, "content": {"application/json": content}}}
+
+
+_CHAT_BODY = _body_doc(
+    "messages",
+    {
+        "urgent loan approval, streamed": {
+            "model": "tidegate",
+            "messages": [{"role": "user", "content": "Approve a 25k loan for client 7781?"}],
+            "stream": True,
+            "tidegate": {"type": "loan_approval", "urgent_level": 3},
+        },
+        "complaint, whole answer": {
+            "model": "tidegate",
+            "messages": [{"role": "user", "content": "My card was charged twice on 3 May."}],
+            "max_tokens": 200,
+            "tidegate": {"type": "complaint", "vip_level": 2},
+        },
+    },
+)
+_COMPLETION_BODY = _body_doc(
+    "prompt",
+    {
+        "archive query": {
+            "model": "tidegate",
+            "prompt": "List 2019 statements of account 55-1021.",
+            "tidegate": {"type": "archive_query"},
+        }
+    },
+)
+
+
 @router.get("/models", responses=_ERRORS, summary="The models callers may name (OpenAI format)")
 async def list_models(context: Context, principal: Caller) -> dict[str, Any]:
     models = await context.models.known()
@@ -55,12 +95,19 @@ async def list_models(context: Context, principal: Caller) -> dict[str, Any]:
     }
 
 
-@router.post("/chat/completions", responses=_ERRORS, summary="A chat completion, as a ticket")
+@router.post(
+    "/chat/completions", responses=_ERRORS, summary="A chat completion, as a ticket", openapi_extra=_CHAT_BODY
+)
 async def chat_completions(request: Request, context: Context, principal: Caller) -> Response:
     return await _serve(request, context, principal, Endpoint.CHAT)
 
 
-@router.post("/completions", responses=_ERRORS, summary="A text completion, as a ticket")
+@router.post(
+    "/completions",
+    responses=_ERRORS,
+    summary="A text completion, as a ticket",
+    openapi_extra=_COMPLETION_BODY,
+)
 async def completions(request: Request, context: Context, principal: Caller) -> Response:
     return await _serve(request, context, principal, Endpoint.COMPLETION)
 

@@ -3,12 +3,60 @@ Helpers included (by `-- @include tickets`) into the scripts that move tickets b
 They take keys as arguments from the including script's KEYS; they build no keys themselves.
 ]]
 
--- Remove a ticket from every structure that holds queued tickets.
-local function unqueue(id, pending_key, delayed_key, deadlines_key, waiting_key)
+-- Count one more (delta 1) or one fewer (-1) queued ticket of `branch` in a type's branch depth
+-- hash; a branch with none left leaves the hash, so its length counts the waiting branches.
+local function count_branch(depth_key, branch, delta)
+  if not depth_key or not branch then return end
+  if redis.call('HINCRBY', depth_key, branch, delta) <= 0 then
+    redis.call('HDEL', depth_key, branch)
+  end
+end
+
+-- The cap and fair-share rule of enqueue.lua: "", "" to admit, else the code and words. `waiting_key`
+-- holds the type's queued tickets, `depth_key` each waiting branch's count of them.
+local function fair_share_verdict(waiting_key, depth_key, branch, cap, cap_words)
+  local depth = redis.call('ZCARD', waiting_key)
+  local held = tonumber(redis.call('HGET', depth_key, branch or '') or '0')
+  local branches = redis.call('HLEN', depth_key)
+  if held == 0 then branches = branches + 1 end
+  if branches > 1 and held >= math.max(1, math.floor(cap / branches)) then
+    return 'branch_share_exceeded', ''
+  end
+  if depth >= 2 * cap or (depth >= cap and branches == 1) then
+    return 'type_cap_reached', cap_words
+  end
+  return '', ''
+end
+
+-- The score of a new ticket of `branch` that takes its turn: with k branches waiting, its j-th
+-- queued ticket goes just behind the type's (j·(k−1))-th oldest one, if that one has the same
+-- priority and a lower score; else the ticket keeps `score`. Against every other ticket it then
+-- takes the order of the one it follows: one turn ahead of a flood, not a jump over other priorities.
+local function turn_score(waiting_key, pending_key, prefix, depth_key, branch, priority, score)
+  if not branch or not priority then return score end
+  local held = tonumber(redis.call('HGET', depth_key, branch) or '0')
+  local branches = redis.call('HLEN', depth_key)
+  if held == 0 then branches = branches + 1 end
+  if branches < 2 then return score end
+  local rank = (held + 1) * (branches - 1) - 1
+  local at = redis.call('ZRANGE', waiting_key, rank, rank)[1]
+  if not at or redis.call('HGET', prefix .. at, 'priority') ~= priority then return score end
+  local behind = tonumber(redis.call('ZSCORE', pending_key, at) or '')
+  if behind and behind < tonumber(score) then
+    return string.format('%.17g', behind + math.max(math.abs(behind) * 1e-12, 1e-6))
+  end
+  return score
+end
+
+-- Remove a ticket from every structure that holds queued tickets (and from its branch's count in
+-- its type's `depth_key`, when the caller gives it with the ticket's branch).
+local function unqueue(id, pending_key, delayed_key, deadlines_key, waiting_key, depth_key, branch)
   redis.call('ZREM', pending_key, id)
   redis.call('ZREM', delayed_key, id)
   redis.call('ZREM', deadlines_key, id)
-  redis.call('ZREM', waiting_key, id)
+  if redis.call('ZREM', waiting_key, id) == 1 then
+    count_branch(depth_key, branch, -1)
+  end
 end
 
 -- The retention spec every ending script gets from Python (shared/policy.py `retention_spec`):

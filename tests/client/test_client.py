@@ -1,25 +1,34 @@
-"""TidegateClient against the real API, and its retry rules against a scripted HTTP peer."""
+"""TidegateClient (the tidegate-client distribution) against the real API, and its retry rules
+against a scripted HTTP peer."""
 
 from __future__ import annotations
 
+import asyncio
+import datetime as dt
 import random
 import threading
 import time
 from collections.abc import Iterator
+from email.utils import format_datetime
 from typing import Any
 
 import pytest
 from redis import Redis
-
-from producer.client import (
+from tidegate_client import (
     ApiResponseError,
+    AsyncTidegateClient,
+    CancelResult,
     ConnectionFailed,
     RejectedError,
     RetryEvent,
+    RetryPolicy,
+    TicketStatus,
+    TicketView,
     TidegateClient,
     WaitTimeout,
+    parse_retry_after,
 )
-from shared.models import TicketStatus
+
 from shared.queue import TicketQueue
 from tests.api.conftest import Api, publish_alarm
 from tests.api.peer import Answer, ScriptedPeer
@@ -30,7 +39,7 @@ COMPLAINT = {"type": "complaint", "prompt": "My card was charged twice."}
 
 @pytest.fixture
 def client(api: Api, branch_key: str) -> Iterator[TidegateClient]:
-    with TidegateClient(api.base_url, branch_key, retry_deadline=20) as c:
+    with TidegateClient(api.base_url, branch_key, retry=RetryPolicy(deadline=20)) as c:
         yield c
 
 
@@ -71,6 +80,9 @@ def test_submit_many_and_a_422_names_the_field(client: TidegateClient) -> None:
         client.submit({"type": "complaint", "prompt": "x", "vip_level": 9})
     assert raised.value.status == 422
     assert "body.vip_level" in str(raised.value)
+    assert raised.value.param == "vip_level" and raised.value.detail is not None
+    assert [i.loc for i in raised.value.detail.issues] == [["body", "vip_level"]]
+    assert batch.results[1].error is not None and batch.results[1].error.param == "tickets.1.type"
 
 
 def test_red_complaint_waits_out_retry_after_and_succeeds_once_the_level_drops(
@@ -87,7 +99,7 @@ def test_red_complaint_waits_out_retry_after_and_succeeds_once_the_level_drops(
     outcome: dict[str, Any] = {}
 
     def submit() -> None:
-        with TidegateClient(api.base_url, branch_key, retry_deadline=20, on_retry=record) as c:
+        with TidegateClient(api.base_url, branch_key, retry=RetryPolicy(deadline=20), on_retry=record) as c:
             outcome["accepted"] = c.submit(COMPLAINT)
 
     thread = threading.Thread(target=submit)
@@ -107,7 +119,7 @@ def test_red_complaint_waits_out_retry_after_and_succeeds_once_the_level_drops(
 def test_still_shed_at_the_deadline_raises_rejected(api: Api, branch_key: str, redis_client: Redis) -> None:
     publish_alarm(redis_client, api.queue_keys, "red")
     with (
-        TidegateClient(api.base_url, branch_key, retry_deadline=0.5) as c,
+        TidegateClient(api.base_url, branch_key, retry=RetryPolicy(deadline=0.5)) as c,
         pytest.raises(RejectedError) as raised,
     ):
         c.submit(COMPLAINT)
@@ -124,7 +136,7 @@ def test_5xx_is_retried_with_the_same_idempotency_key_and_jittered_backoff() -> 
     events: list[RetryEvent] = []
     with (
         ScriptedPeer(script) as peer,
-        TidegateClient(peer.url, "k", backoff_base=0.01, backoff_cap=0.05, on_retry=events.append) as c,
+        TidegateClient(peer.url, "k", retry=RetryPolicy(base=0.01, cap=0.05), on_retry=events.append) as c,
     ):
         assert c.submit(COMPLAINT).id == "01abc"
     keys = {r["Idempotency-Key"] for r in peer.requests}
@@ -145,7 +157,10 @@ def test_retry_after_is_honoured_but_never_past_the_deadline() -> None:
     script: list[Answer] = [(429, {"Retry-After": "3"}, {"error": {"message": "shed", "code": "queue_red"}})]
     with ScriptedPeer(script) as peer:
         started = time.monotonic()
-        with TidegateClient(peer.url, "k", retry_deadline=1) as c, pytest.raises(RejectedError) as raised:
+        with (
+            TidegateClient(peer.url, "k", retry=RetryPolicy(deadline=1)) as c,
+            pytest.raises(RejectedError) as raised,
+        ):
             c.submit(COMPLAINT)
         assert time.monotonic() - started < 0.5  # a 3 s wait cannot fit in 1 s: give up at once
         assert len(peer.requests) == 1
@@ -157,7 +172,7 @@ def test_connection_errors_are_retried_until_the_deadline() -> None:
         url = peer.url  # the port is closed once the peer stops
     events: list[RetryEvent] = []
     started = time.monotonic()
-    client = TidegateClient(url, "k", retry_deadline=0.5, backoff_base=0.02, on_retry=events.append)
+    client = TidegateClient(url, "k", retry=RetryPolicy(deadline=0.5, base=0.02), on_retry=events.append)
     with client, pytest.raises(ConnectionFailed, match="retry deadline"):
         client.get("01abc")
     # It stops once the next jittered pause would pass the deadline, so only the upper bound is fixed.
@@ -167,10 +182,78 @@ def test_connection_errors_are_retried_until_the_deadline() -> None:
 
 
 def test_full_jitter_stays_under_the_capped_exponential() -> None:
-    client = TidegateClient("http://unused", "k", backoff_base=0.5, backoff_cap=4, rng=random.Random(7))
+    client = TidegateClient("http://unused", "k", retry=RetryPolicy(base=0.5, cap=4), rng=random.Random(7))
     for attempt in range(8):
         ceiling = min(4, 0.5 * 2**attempt)
         draws = [client.backoff(attempt) for _ in range(200)]
         assert all(0 <= d <= ceiling for d in draws)
         assert max(draws) > ceiling * 0.8 and min(draws) < ceiling * 0.2  # spread over the whole range
     client.close()
+
+
+def test_retry_after_as_an_http_date_is_honoured() -> None:
+    when = format_datetime(dt.datetime.now(dt.UTC) + dt.timedelta(seconds=3), usegmt=True)
+    script: list[Answer] = [(503, {"Retry-After": when}, {"error": {"message": "busy"}}), (202, {}, ACCEPTED)]
+    events: list[RetryEvent] = []
+    with ScriptedPeer(script) as peer, TidegateClient(peer.url, "k", on_retry=events.append) as c:
+        started = time.monotonic()
+        assert c.submit(COMPLAINT).id == "01abc"
+        waited = time.monotonic() - started
+    # The date has a one-second resolution (and the answer takes a moment): two to three seconds.
+    assert [e.status for e in events] == [503]
+    assert 1.5 <= events[0].sleep_seconds <= 3.0
+    assert waited >= events[0].sleep_seconds
+
+
+@pytest.mark.parametrize(
+    ("header", "seconds"),
+    [
+        ("3", 3.0),
+        ("0", 0.0),
+        ("-4", 0.0),
+        ("Thu, 01 Jan 1970 00:01:40 GMT", 60.0),
+        ("soon", None),
+        ("", None),
+    ],
+)
+def test_parse_retry_after_reads_both_forms(header: str, seconds: float | None) -> None:
+    assert parse_retry_after(header, now=40.0) == seconds
+
+
+def test_the_async_client_submits_waits_and_cancels(
+    api: Api, branch_key: str, ticket_queue: TicketQueue
+) -> None:
+    async def scenario() -> tuple[TicketView, CancelResult, int]:
+        async with AsyncTidegateClient(api.base_url, branch_key, retry=RetryPolicy(deadline=20)) as client:
+            accepted = await client.submit(LOAN)
+            claimed = ticket_queue.claim("w-async-client", 1)[0]
+            assert claimed.ticket.id == accepted.id
+            waiting = asyncio.create_task(client.wait(accepted.id, timeout=10, poll_initial=0.05))
+            await asyncio.sleep(0.2)
+            ticket_queue.finish(claimed.ticket.id, claimed.token, "done", result="approved")
+            done = await waiting
+            other = await client.submit(COMPLAINT)
+            cancelled = await client.cancel(other.id)
+            depth = (await client.queues()).types["complaint"].depth
+            return done, cancelled, depth
+
+    done, cancelled, depth = asyncio.run(scenario())
+    assert (done.status, done.result, done.terminal) == (TicketStatus.DONE, "approved", True)
+    assert done.timings.total_seconds is not None and done.timings.total_seconds > 0
+    assert (cancelled.previous_status, cancelled.cancelled) == (TicketStatus.QUEUED, True)
+    assert depth == 0
+
+
+def test_the_async_client_retries_with_the_same_rules() -> None:
+    script: list[Answer] = [(429, {"Retry-After": "0"}, {"error": {"message": "shed", "type": "x"}})]
+    script.append((202, {}, ACCEPTED))
+    events: list[RetryEvent] = []
+
+    async def scenario() -> str:
+        async with AsyncTidegateClient(peer.url, "k", on_retry=events.append) as client:
+            return (await client.submit(COMPLAINT)).id
+
+    with ScriptedPeer(script) as peer:
+        assert asyncio.run(scenario()) == "01abc"
+    assert [(e.status, e.sleep_seconds) for e in events] == [(429, 0.0)]
+    assert len({r["Idempotency-Key"] for r in peer.requests}) == 1

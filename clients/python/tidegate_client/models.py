@@ -1,0 +1,200 @@
+"""Typed results of the tidegate API, as plain frozen dataclasses (no dependency beyond the stdlib).
+
+Each `from_json` ignores fields it does not know, so a newer server that adds fields does not
+break an older client.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from enum import StrEnum
+from typing import Any, Literal
+
+
+class TicketStatus(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    EXPIRED = "expired"
+    CANCELLED = "cancelled"
+    REJECTED = "rejected"
+
+    @property
+    def terminal(self) -> bool:
+        """Whether the ticket has ended: it will not change again."""
+        return self not in (TicketStatus.QUEUED, TicketStatus.RUNNING)
+
+
+def _known(cls: type, data: dict[str, Any]) -> dict[str, Any]:
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in data.items() if k in names}
+
+
+def _status(value: Any) -> TicketStatus | None:
+    return None if value is None else TicketStatus(value)
+
+
+@dataclass(frozen=True)
+class ValidationIssue:
+    """One bad field of a 422: where (`["body", "vip_level"]`), what is wrong, and its kind."""
+
+    loc: list[str | int]
+    msg: str
+    type: str
+
+
+@dataclass(frozen=True)
+class ErrorDetail:
+    """The `error` object of every error answer (and of a failed batch item)."""
+
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+    ticket_id: str | None = None
+    issues: list[ValidationIssue] = field(default_factory=list)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ErrorDetail:
+        values = _known(cls, data)
+        values["issues"] = [ValidationIssue(**_known(ValidationIssue, i)) for i in data.get("issues") or []]
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class TicketAccepted:
+    id: str
+    status: TicketStatus
+    priority: float
+    expires_at: float
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TicketAccepted:
+        values = _known(cls, data)
+        values["status"] = TicketStatus(data["status"])
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class TicketTimings:
+    queue_wait_seconds: float | None = None
+    time_to_first_token_seconds: float | None = None
+    total_seconds: float | None = None
+
+
+@dataclass(frozen=True)
+class TicketView:
+    """A ticket as its branch reads it (also the body of a callback)."""
+
+    id: str
+    type: str
+    branch_id: str
+    status: TicketStatus
+    priority: float
+    max_tokens: int
+    attempts: int
+    created_at: float
+    expires_at: float
+    route: str | None = None
+    result: str | None = None
+    error: str | None = None
+    usage: dict[str, Any] | None = None
+    started_at: float | None = None
+    first_token_at: float | None = None
+    finished_at: float | None = None
+    timings: TicketTimings = field(default_factory=TicketTimings)
+
+    @property
+    def terminal(self) -> bool:
+        return self.status.terminal
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TicketView:
+        values = _known(cls, data)
+        values["status"] = TicketStatus(data["status"])
+        values["timings"] = TicketTimings(**_known(TicketTimings, data.get("timings") or {}))
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class CancelResult:
+    id: str
+    status: TicketStatus
+    previous_status: TicketStatus
+    cancelled: bool
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CancelResult:
+        return cls(
+            id=data["id"],
+            status=TicketStatus(data["status"]),
+            previous_status=TicketStatus(data["previous_status"]),
+            cancelled=bool(data["cancelled"]),
+        )
+
+
+BatchOutcome = Literal["queued", "existing", "rejected", "invalid", "forbidden"]
+
+
+@dataclass(frozen=True)
+class BatchItemResult:
+    index: int
+    status_code: int
+    outcome: BatchOutcome
+    id: str | None = None
+    status: TicketStatus | None = None
+    priority: float | None = None
+    expires_at: float | None = None
+    retry_after: int | None = None
+    error: ErrorDetail | None = None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> BatchItemResult:
+        values = _known(cls, data)
+        values["status"] = _status(data.get("status"))
+        values["error"] = ErrorDetail.from_json(data["error"]) if data.get("error") else None
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    queued: int
+    existing: int
+    rejected: int
+    invalid: int
+    results: list[BatchItemResult]
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> BatchResult:
+        values = _known(cls, data)
+        values["results"] = [BatchItemResult.from_json(r) for r in data.get("results", [])]
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class TypeDepth:
+    depth: int
+    oldest_wait_seconds: float
+    cap: int
+
+
+@dataclass(frozen=True)
+class QueuesView:
+    """Depth per type, alarm level and mode; `workers` as the API sent it."""
+
+    queue: str
+    level: str
+    mode: str
+    depth: int
+    inflight: int
+    types: dict[str, TypeDepth]
+    workers: dict[str, Any]
+    level_since: float | None = None
+    drain_rate: float | None = None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> QueuesView:
+        values = _known(cls, data)
+        values["types"] = {k: TypeDepth(**_known(TypeDepth, v)) for k, v in data.get("types", {}).items()}
+        return cls(**values)
