@@ -43,6 +43,7 @@ from producer.api.shed import Shed, shed_answer
 from producer.producer import SubmitResult
 from shared.errors import TicketValidationError
 from shared.models import Ticket, TicketRequest, TicketStatus
+from shared.shed_log import record_shed
 
 router = APIRouter(prefix="/v1", tags=["tickets"])
 
@@ -103,7 +104,10 @@ def _request(
 
 
 def _shed(context: ApiContext, result: SubmitResult, ticket_type: str) -> Shed:
-    return shed_answer(result, ticket_type, context.policy)
+    shed = shed_answer(result, ticket_type, context.policy)
+    # Counted here, where the rule's code is known, for the status page's "recent sheds".
+    record_shed(context.redis, context.producer.queue.keys, ticket_type, shed.error.code or "unknown")
+    return shed
 
 
 def _accepted(result: SubmitResult, ticket: Ticket | None) -> TicketAccepted:

@@ -1,0 +1,58 @@
+"""`GET /v1/status` (the status page's data) and `/ui` itself, without a browser."""
+
+from __future__ import annotations
+
+import re
+
+import requests
+from redis import Redis
+
+from shared.shed_log import recent_sheds, record_shed
+from tests.api.conftest import Api
+
+
+def test_status_needs_an_operator_key(api: Api, branch_key: str, operator_key: str) -> None:
+    assert requests.get(api.url("/v1/status"), timeout=5).status_code == 401
+    with api.session(branch_key) as branch:
+        refused = branch.get(api.url("/v1/status"), timeout=5)
+    assert refused.status_code == 403
+    assert refused.json()["error"]["code"] == "operator_only"
+    with api.session(operator_key) as operator:
+        doc = operator.get(api.url("/v1/status"), timeout=5).json()
+    assert doc["queue"] == api.settings.queue_name
+    assert doc["level"] == "green"
+    assert doc["breakers"] is None and doc["rollout"] is None
+    assert set(doc["depth_by_type"]) == set(doc["caps"])
+
+
+def test_breaker_state_in_redis_is_shown_as_it_is(api: Api, operator_key: str, redis_client: Redis) -> None:
+    redis_client.hset(api.queue_keys.breakers, "http://vllm-a:8000", '{"level": "instant", "open": true}')
+    with api.session(operator_key) as operator:
+        doc = operator.get(api.url("/v1/status"), timeout=5).json()
+    assert doc["breakers"] == {"http://vllm-a:8000": {"level": "instant", "open": True}}
+
+
+def test_the_page_and_its_assets_come_from_the_package(api: Api) -> None:
+    page = requests.get(api.url("/ui"), timeout=5)
+    assert page.status_code == 200
+    assert "default-src 'self'" in page.headers["Content-Security-Policy"]
+    assert api.settings.queue_name in page.text
+    external = re.findall(r"""(?:src|href)=["'](https?:)?//""", page.text)
+    assert external == [], "the page must load nothing from another host"
+    for asset, kind in (("/ui/static/ui.js", "javascript"), ("/ui/static/ui.css", "text/css")):
+        answer = requests.get(api.url(asset), timeout=5)
+        assert answer.status_code == 200 and kind in answer.headers["content-type"], asset
+    assert requests.get(api.url("/ui/static/../app.py"), timeout=5).status_code == 404
+
+
+def test_recent_sheds_sum_the_minutes_of_the_window(api: Api, redis_client: Redis) -> None:
+    keys = api.queue_keys
+    now = 1_800_000_000.0
+    record_shed(redis_client, keys, "complaint", "queue_red", now - 120)
+    record_shed(redis_client, keys, "complaint", "queue_red", now)
+    record_shed(redis_client, keys, "archive_query", "queue_orange", now - 10 * 60)
+    last_five = recent_sheds(redis_client, keys, 300, now)
+    assert last_five.by_code == {"queue_red": 2}
+    assert recent_sheds(redis_client, keys, 15 * 60, now).by_type_and_code["archive_query"] == {
+        "queue_orange": 1
+    }
