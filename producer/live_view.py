@@ -107,7 +107,7 @@ def workers_panel(
 
 # ---- `tidegate status` -------------------------------------------------------------------------------
 def _clock(at: float | str | None) -> str:
-    return "-" if at in (None, "") else time.strftime("%H:%M:%S", time.localtime(float(at)))  # type: ignore[arg-type]
+    return "-" if at in (None, "") else time.strftime("%H:%M:%S", time.localtime(float(at)))
 
 
 def _worker_rows(doc: dict[str, Any]) -> list[WorkerView]:

@@ -25,7 +25,7 @@ CLI_COMMANDS = frozenset(COMMANDS)
 
 _TIDEGATE_GAUGES = {
     "tidegate_queue_depth",
-    "tidegate_queue_depth_total",
+    "tidegate_queue_depth_all_types",
     "tidegate_inflight",
     "tidegate_oldest_wait_seconds",
     "tidegate_alarm_level",
@@ -35,15 +35,20 @@ _TIDEGATE_GAUGES = {
     "tidegate_batch_limit",
     "tidegate_gpu_free_bytes",
     "tidegate_gpu_total_bytes",
-    "tidegate_kv_cache_usage",
+    "tidegate_kv_cache_usage_ratio",
     "tidegate_workers_alive",
     "tidegate_worker_inflight",
     "tidegate_redis_up",
     "tidegate_memory_guard",
     "tidegate_redis_memory_used_bytes",
     "tidegate_redis_memory_budget_bytes",
+    "tidegate_build_info",
 }
-_TIDEGATE_COUNTERS = {"tidegate_tickets_total", "tidegate_vllm_errors_total"}
+_TIDEGATE_COUNTERS = {
+    "tidegate_tickets_total",
+    "tidegate_tickets_submitted_total",
+    "tidegate_vllm_errors_total",
+}
 _TIDEGATE_HISTOGRAMS = {
     "tidegate_queue_wait_seconds",
     "tidegate_time_to_first_token_seconds",

@@ -105,11 +105,11 @@ def test_latency_p50_and_p99_per_type() -> None:
 
 
 def test_worker_panels() -> None:
-    for metric in ("tidegate_batch_limit", "tidegate_kv_cache_usage", "tidegate_gpu_free_bytes"):
+    for metric in ("tidegate_batch_limit", "tidegate_kv_cache_usage_ratio", "tidegate_gpu_free_bytes"):
         assert any("by (worker, gpu)" in expr for panel in panel_reading(metric) for expr in exprs(panel)), (
             metric
         )
-    (kv,) = panel_reading("tidegate_kv_cache_usage")
+    (kv,) = panel_reading("tidegate_kv_cache_usage_ratio")
     assert threshold_values(kv) == [0.85]
     assert panel_reading("tidegate_gpu_total_bytes") == panel_reading("tidegate_gpu_free_bytes")
 

@@ -185,7 +185,7 @@ def test_keda_scales_workers_on_queue_depth() -> None:
     metadata = trigger["metadata"]
     # KEDA rejects trigger metadata that is not a string, a classic mistake with `threshold: 30`.
     assert all(isinstance(value, str) for value in metadata.values()), metadata
-    assert "tidegate_queue_depth_total" in metadata["query"]
+    assert "tidegate_queue_depth_all_types" in metadata["query"]
     assert not unknown_metrics(metadata["query"])
     assert int(metadata["threshold"]) == policy_thresholds()["yellow"]
     assert metadata["serverAddress"].startswith("http")
