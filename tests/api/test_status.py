@@ -7,8 +7,11 @@ import re
 import requests
 from redis import Redis
 
+from producer.api.app import create_app
+from shared.config import Settings
 from shared.shed_log import recent_sheds, record_shed
 from tests.api.conftest import Api
+from tests.api.server import serve
 
 
 def test_status_needs_an_operator_key(api: Api, branch_key: str, operator_key: str) -> None:
@@ -56,3 +59,11 @@ def test_recent_sheds_sum_the_minutes_of_the_window(api: Api, redis_client: Redi
     assert recent_sheds(redis_client, keys, 15 * 60, now).by_type_and_code["archive_query"] == {
         "queue_orange": 1
     }
+
+
+def test_liveness_does_not_need_redis_and_readiness_does(api_settings: Settings) -> None:
+    dead = api_settings.model_copy(update={"redis_url": "redis://127.0.0.1:1/0"})
+    with serve(create_app(dead)) as base_url:
+        assert requests.get(base_url + "/livez", timeout=5).json() == {"status": "ok"}
+        for path in ("/readyz", "/healthz"):
+            assert requests.get(base_url + path, timeout=10).status_code == 503, path

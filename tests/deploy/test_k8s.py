@@ -165,7 +165,8 @@ def test_api_service_routes_to_the_api_port() -> None:
         service["spec"]["selector"]
         == resource("Deployment", "tidegate-api")["spec"]["selector"]["matchLabels"]
     )
-    assert api["readinessProbe"]["httpGet"]["path"] == "/healthz"
+    assert api["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert api["livenessProbe"]["httpGet"]["path"] == "/livez", "liveness must not depend on Redis"
 
 
 def test_monitor_has_a_standby() -> None:
