@@ -127,12 +127,21 @@ def unknown_metrics(expr: str) -> set[str]:
 _INTERPOLATION = re.compile(r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-?])(?P<default>[^}]*))?\}")
 
 
+REQUIRED_ENV = {"REDIS_PASSWORD": "example-password"}
+"""What an operator must set before compose starts (the file refuses to run without it)."""
+
+
 def interpolate(value: str, env: dict[str, str] | None = None) -> str:
-    """Resolve `${VAR}`, `${VAR:-default}` and `${VAR-default}` as Compose does, from `env` only."""
+    """Resolve `${VAR}`, `${VAR:-default}`, `${VAR-default}` and `${VAR:?error}` as Compose does, from
+    `env` only; a required variable that is missing raises ValueError with the file's message."""
     env = env or {}
 
     def replace(match: re.Match[str]) -> str:
         name, op, default = match.group("name"), match.group("op"), match.group("default") or ""
+        if op in (":?", "?"):
+            if not env.get(name):
+                raise ValueError(f"{name}: {default}")
+            return env[name]
         if op == ":-":
             return env.get(name) or default
         if op == "-":
