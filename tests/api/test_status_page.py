@@ -103,6 +103,9 @@ def test_level_follows_the_queue_as_it_fills(
     code = answer.json()["error"]["code"]
     expect(page.locator("#sheds tbody")).to_contain_text(code, timeout=WAIT_MS)
     screenshot(page, "3-red-with-shed")
+    page.set_viewport_size({"width": 1280, "height": 800})  # a laptop: the panels wrap, nothing is cut
+    expect(page.locator("#workers tbody")).to_contain_text("node-a-gpu0")
+    screenshot(page, "3-red-laptop")
     registry.deregister()
 
 
