@@ -13,6 +13,7 @@ from redis import Redis
 
 from shared import clock
 from shared.control import read_control_state, read_events
+from shared.depth_history import read_depth_history
 from shared.keys import QueueKeys
 from shared.live_workers import WorkerView, read_live_workers
 from shared.policy import Policy
@@ -66,7 +67,8 @@ def _maybe_json(text: str) -> Any:
 
 
 def operator_status(redis: Redis, policy: Policy, queue_name: str) -> dict[str, Any]:
-    """Depth per type, alarm level and its transitions, mode, workers, recent sheds, breakers, rollout."""
+    """Depth per type (now, and the monitor's samples of the last minutes), alarm level and its
+    transitions, mode, workers, recent sheds, breakers, rollout."""
     queue = TicketQueue(redis, policy, queue_name)
     keys = QueueKeys(queue_name)
     stats = queue.stats()
@@ -106,6 +108,7 @@ def operator_status(redis: Redis, policy: Policy, queue_name: str) -> dict[str, 
         },
         "breakers": optional_state(redis, keys.breakers),
         "rollout": optional_state(redis, keys.rollout),
+        "history": read_depth_history(redis, keys),
         "events": events[:EVENTS],
         "transitions": [e for e in events if e.get("kind") == "alarm"][:TRANSITIONS],
     }

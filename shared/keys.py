@@ -132,6 +132,11 @@ class QueueKeys:
         return self._key(f"sheds:{minute}")
 
     @property
+    def depth_history(self) -> str:
+        """STREAM of the acting monitor's samples: at, and t:<type> → depth (capped)."""
+        return self._key("depth-history")
+
+    @property
     def breakers(self) -> str:
         """Circuit-breaker state per inference endpoint, read by the status page when present."""
         return self._key("breakers")

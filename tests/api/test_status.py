@@ -9,6 +9,7 @@ from redis import Redis
 
 from producer.api.app import create_app
 from shared.config import Settings
+from shared.depth_history import append_depth, read_depth_history
 from shared.shed_log import recent_sheds, record_shed
 from tests.api.conftest import Api
 from tests.api.server import serve
@@ -67,3 +68,13 @@ def test_liveness_does_not_need_redis_and_readiness_does(api_settings: Settings)
         assert requests.get(base_url + "/livez", timeout=5).json() == {"status": "ok"}
         for path in ("/readyz", "/healthz"):
             assert requests.get(base_url + path, timeout=10).status_code == 503, path
+
+
+def test_depth_history_keeps_the_window_oldest_first(api: Api, redis_client: Redis) -> None:
+    keys = api.queue_keys
+    now = 1_800_000_000.0
+    for age, depth in ((600, 1), (200, 5), (10, 9)):
+        append_depth(redis_client, keys, now - age, {"complaint": depth, "loan_approval": 1})
+    history = read_depth_history(redis_client, keys, 300, now)
+    assert [h["at"] for h in history] == [now - 200, now - 10]
+    assert history[-1]["depth_by_type"] == {"complaint": 9, "loan_approval": 1}

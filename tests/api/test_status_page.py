@@ -94,6 +94,9 @@ def test_level_follows_the_queue_as_it_fills(
         expect(page.locator("#level")).to_have_class(f"level level-{level.lower()}")
         expect(page.locator("#transitions")).to_contain_text(level.lower(), timeout=WAIT_MS)
         screenshot(page, f"2-{level.lower()}")
+    # The chart draws the monitor's samples (one per tick) up to now.
+    points = page.locator("polyline[data-type=total]").get_attribute("points") or ""
+    assert len(points.split()) >= 4, points
     # At red a complaint is shed; the page counts it under its code.
     with api.session(branch_key) as branch:
         answer = branch.post(

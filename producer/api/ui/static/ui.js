@@ -182,6 +182,15 @@ function drawState(id, state) {
 
 function draw(doc) {
   current = doc;
+  if (doc.history.length) {
+    // The acting monitor's samples: the same on every replica and after a reload.
+    history.length = 0;
+    for (const h of doc.history) {
+      const total = Object.values(h.depth_by_type).reduce((a, b) => a + b, 0);
+      history.push({ at: h.at * 1000, total, byType: h.depth_by_type });
+    }
+  }
+  // This poll's figures, so the chart reaches "now" even between the monitor's samples.
   history.push({ at: doc.generated_at * 1000, total: doc.depth, byType: doc.depth_by_type });
   drawLevel(doc);
   drawChart();
