@@ -116,7 +116,9 @@ def _log_submitted(result: SubmitResult, request: TicketRequest) -> None:
 
 def _shed(context: ApiContext, result: SubmitResult, ticket_type: str) -> Shed:
     shed = shed_answer(result, ticket_type, context.policy)
-    # Counted here, where the rule's code is known, for the status page's "recent sheds".
+    # Counted here, where the rule's code is known, for the status page's "recent sheds": one
+    # pipelined write besides the rejected record. Once the stored record carries its ShedCode this
+    # count belongs in the same MULTI as that record.
     record_shed(context.redis, context.producer.queue.keys, ticket_type, shed.error.code or "unknown")
     return shed
 
