@@ -18,7 +18,7 @@ from shared.keys import QueueKeys
 from shared.live_workers import WorkerView, read_live_workers
 from shared.policy import Policy
 from shared.queue import TicketQueue
-from shared.shed_log import recent_sheds
+from shared.shed_log import DEFAULT_WINDOW_SECONDS, recent_sheds
 
 EVENT_SCAN = 200
 """Action events outnumber alarm transitions, so transitions are picked from a longer stretch."""
@@ -75,7 +75,8 @@ def operator_status(redis: Redis, policy: Policy, queue_name: str) -> dict[str, 
     state, _ = read_control_state(redis, keys, policy.alarms)
     workers = sorted(read_live_workers(redis, keys), key=lambda w: w.worker_id)
     events = read_events(redis, keys, EVENT_SCAN)
-    sheds = recent_sheds(redis, keys)
+    # Shed counts live as long as the rejected records they count.
+    sheds = recent_sheds(redis, keys, min(DEFAULT_WINDOW_SECONDS, policy.queue.rejected_retention_seconds))
     alarms = policy.alarms
     return {
         "queue": queue_name,

@@ -1,8 +1,8 @@
 """Recent sheds by code: per-minute counters, so operators can see what was refused lately and why.
 
-One HASH per minute ("<type>:<code>" → count) that expires after RETAIN_SECONDS; a reader sums the
-minutes of its window. Counters rather than a list of tickets, so a 429 storm costs one pipelined
-write per shed and the reader a handful of HGETALLs whatever the storm's size.
+One HASH per minute ("<type>:<code>" → count), incremented by the enqueue script in the same step
+that writes the rejected record (so a shed still costs one round trip) and living as long as those
+records (the policy's `rejected_retention_seconds`); a reader sums the minutes of its window.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from shared import clock
 from shared.keys import QueueKeys
 
 BUCKET_SECONDS = 60
-RETAIN_SECONDS = 15 * 60
+MAX_WINDOW_SECONDS = 15 * 60
 DEFAULT_WINDOW_SECONDS = 5 * 60
 
 
@@ -32,14 +32,9 @@ class RecentSheds:
         return sum(self.by_code.values())
 
 
-def record_shed(redis: Redis, keys: QueueKeys, ticket_type: str, code: str, now: float | None = None) -> None:
-    """Count one shed ticket of `ticket_type` refused by the rule `code` in the current minute."""
-    at = clock.now() if now is None else now
-    bucket = keys.sheds(int(at // BUCKET_SECONDS))
-    pipe = redis.pipeline(transaction=False)
-    pipe.hincrby(bucket, f"{ticket_type}:{code}", 1)
-    pipe.expire(bucket, RETAIN_SECONDS)
-    pipe.execute()
+def shed_minute(at: float) -> int:
+    """The bucket a shed at `at` is counted in (the enqueue script increments it)."""
+    return int(at // BUCKET_SECONDS)
 
 
 def recent_sheds(
@@ -47,7 +42,7 @@ def recent_sheds(
 ) -> RecentSheds:
     """Sheds of the last `window_seconds` (whole minutes, the current one included)."""
     at = clock.now() if now is None else now
-    window = min(max(window_seconds, BUCKET_SECONDS), RETAIN_SECONDS)
+    window = min(max(window_seconds, BUCKET_SECONDS), MAX_WINDOW_SECONDS)
     last = int(at // BUCKET_SECONDS)
     minutes = range(last - window // BUCKET_SECONDS + 1, last + 1)
     pipe = redis.pipeline(transaction=False)

@@ -45,7 +45,6 @@ from producer.producer import SubmitResult
 from shared.errors import TicketValidationError
 from shared.logs import line_fields
 from shared.models import Ticket, TicketRequest, TicketStatus
-from shared.shed_log import record_shed
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1", tags=["tickets"])
@@ -115,12 +114,7 @@ def _log_submitted(result: SubmitResult, request: TicketRequest) -> None:
 
 
 def _shed(context: ApiContext, result: SubmitResult, ticket_type: str) -> Shed:
-    shed = shed_answer(result, ticket_type, context.policy)
-    # Counted here, where the rule's code is known, for the status page's "recent sheds": one
-    # pipelined write besides the rejected record. Once the stored record carries its ShedCode this
-    # count belongs in the same MULTI as that record.
-    record_shed(context.redis, context.producer.queue.keys, ticket_type, shed.error.code or "unknown")
-    return shed
+    return shed_answer(result, ticket_type, context.policy)
 
 
 def _accepted(result: SubmitResult, ticket: Ticket | None) -> TicketAccepted:

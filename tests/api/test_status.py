@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import re
 
+import pytest
 import requests
 from redis import Redis
 
 from producer.api.app import create_app
+from producer.producer import Producer
+from shared import clock
 from shared.config import Settings
+from shared.control import Mode, set_mode
 from shared.depth_history import append_depth, read_depth_history
-from shared.shed_log import recent_sheds, record_shed
+from shared.shed import ShedCode
+from shared.shed_log import recent_sheds
 from tests.api.conftest import Api
 from tests.api.server import serve
 
@@ -49,17 +54,20 @@ def test_the_page_and_its_assets_come_from_the_package(api: Api) -> None:
     assert requests.get(api.url("/ui/static/../app.py"), timeout=5).status_code == 404
 
 
-def test_recent_sheds_sum_the_minutes_of_the_window(api: Api, redis_client: Redis) -> None:
-    keys = api.queue_keys
-    now = 1_800_000_000.0
-    record_shed(redis_client, keys, "complaint", "queue_red", now - 120)
-    record_shed(redis_client, keys, "complaint", "queue_red", now)
-    record_shed(redis_client, keys, "archive_query", "queue_orange", now - 10 * 60)
-    last_five = recent_sheds(redis_client, keys, 300, now)
-    assert last_five.by_code == {"queue_red": 2}
-    assert recent_sheds(redis_client, keys, 15 * 60, now).by_type_and_code["archive_query"] == {
-        "queue_orange": 1
-    }
+def test_recent_sheds_count_what_the_enqueue_script_refused(
+    producer: Producer, redis_client: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    keys = producer.queue.keys
+    set_mode(redis_client, keys, Mode.CRITICAL_ONLY)
+    now = clock.now()
+    for age, ticket_type in ((120, "complaint"), (0, "complaint"), (600, "archive_query")):
+        monkeypatch.setattr(clock, "now", lambda age=age: now - age)
+        result = producer.submit({"type": ticket_type, "branch_id": "0412", "prompt": "hi"})
+        assert result.code is ShedCode.CRITICAL_ONLY
+    monkeypatch.undo()
+    assert recent_sheds(redis_client, keys, 300, now).by_code == {"critical_only": 2}
+    wide = recent_sheds(redis_client, keys, 15 * 60, now)
+    assert wide.by_type_and_code == {"complaint": {"critical_only": 2}, "archive_query": {"critical_only": 1}}
 
 
 def test_liveness_does_not_need_redis_and_readiness_does(api_settings: Settings) -> None:
