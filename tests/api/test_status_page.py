@@ -9,7 +9,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from playwright.sync_api import expect
 from redis import Redis
 
 from producer.producer import Producer
@@ -22,6 +21,10 @@ from worker.registry import WorkerRegistry
 
 __all__ = ["browser", "make_monitor", "rq_conn", "rq_queues"]  # fixtures, imported so pytest finds them
 
+playwright_api = pytest.importorskip(
+    "playwright.sync_api", reason="the status page's browser tests need playwright (pip install -e '.[test]')"
+)
+expect = playwright_api.expect
 WAIT_MS = 8000
 
 
