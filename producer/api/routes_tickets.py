@@ -6,7 +6,6 @@ A ticket of another branch answers 404 like an unknown one, so ids leak nothing.
 
 from __future__ import annotations
 
-import logging
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Header, Path
@@ -41,12 +40,11 @@ from producer.api.schemas import (
     ValidationIssue,
 )
 from producer.api.shed import Shed, shed_answer
+from producer.api.ticket_log import log_submitted
 from producer.producer import SubmitResult
 from shared.errors import TicketValidationError
-from shared.logs import line_fields
 from shared.models import Ticket, TicketRequest, TicketStatus
 
-log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1", tags=["tickets"])
 
 _NOT_FOUND = "no such ticket for this key"
@@ -103,14 +101,6 @@ def _request(
         return context.producer.check(body.model_copy(update=update))
     except TicketValidationError as exc:
         raise _Invalid(issues_from_fields(exc.errors, loc)) from None
-
-
-def _log_submitted(result: SubmitResult, request: TicketRequest) -> None:
-    fields = line_fields(result.ticket_id, request.branch_id, request.type)
-    if result.outcome == "rejected":
-        log.info("ticket %s: shed (%s)", result.ticket_id, result.reason, extra=fields)
-    else:
-        log.info("ticket %s: %s", result.ticket_id, result.outcome, extra=fields)
 
 
 def _shed(context: ApiContext, result: SubmitResult, ticket_type: str) -> Shed:
@@ -175,7 +165,7 @@ def submit_ticket(
     except _Invalid as exc:
         raise RequestValidationError([issue.model_dump() for issue in exc.issues]) from None
     result = context.producer.submit(request)
-    _log_submitted(result, request)
+    log_submitted(result, request)
     if result.outcome == "rejected":
         shed = _shed(context, result, request.type)
         raise ApiError(429, shed.error, shed.headers)
@@ -246,7 +236,7 @@ def submit_batch(
     stored = dict(zip(replayed, context.producer.queue.get_many(replayed), strict=True)) if replayed else {}
     for (index, request), result in zip(valid, results, strict=True):
         ticket = stored.get(result.ticket_id) if result.outcome == "existing" else result.ticket
-        _log_submitted(result, request)
+        log_submitted(result, request)
         shed = _shed(context, result, request.type) if result.outcome == "rejected" else None
         items[index] = _batch_item(index, result, ticket, shed)
     ordered = [items[i] for i in sorted(items)]
