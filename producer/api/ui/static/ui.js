@@ -129,6 +129,12 @@ function drawTypes(doc) {
   $("inflight").textContent = doc.inflight;
   $("drain").textContent = doc.drain_rate === null ? "–" : doc.drain_rate.toFixed(1) + "/s";
   $("desired").textContent = doc.desired_workers === null ? "–" : doc.desired_workers + " workers";
+  const mib = (b) => (b / 1024 ** 2).toFixed(0) + " MiB";
+  const used = doc.redis_used_memory;
+  $("memory").textContent = used === null ? "unknown"
+    : mib(used) + (doc.redis_memory_budget ? " of " + mib(doc.redis_memory_budget) : "")
+      + (doc.memory_guard ? " · guard on: non-critical intake shed" : "");
+  $("memory").classList.toggle("alert", Boolean(doc.memory_guard));
 }
 
 function drawTransitions(doc) {
