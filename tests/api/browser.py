@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-RESULTS_DIR = Path(__file__).resolve().parents[2] / "results" / "ui"
-"""Screenshots land here (git-ignored), one per step, for a person to look at."""
+RESULTS_DIR = Path(os.environ.get("TIDEGATE_TEST_ARTIFACTS", "build/test-artifacts")) / "status-page"
+"""Screenshots land here (git-ignored, like the /docs test's), one per step, for a person to look at."""
 CHROMIUM_NAMES = ("chromium", "chromium-browser")
 
 

@@ -31,12 +31,24 @@ WAIT_MS = 8000
 @pytest.fixture
 def page(browser: Any) -> Iterator[Any]:
     context = browser.new_context(viewport={"width": 1600, "height": 1000})
+    refused: list[str] = []
+
+    def only_the_api(route: Any) -> None:
+        # No CDN: anything the page asks of another host is refused and reported.
+        if route.request.url.startswith("http://127.0.0.1:"):
+            route.continue_()
+        else:
+            refused.append(route.request.url)
+            route.abort("internetdisconnected")
+
+    context.route("**/*", only_the_api)
     tab = context.new_page()
     errors: list[str] = []
     tab.on("pageerror", lambda exc: errors.append(str(exc)))
     yield tab
     context.close()
     assert errors == [], f"the page's script raised: {errors}"
+    assert refused == [], f"the page asked for something off the API: {refused}"
 
 
 def log_in(page: Any, api: Api, key: str) -> None:
