@@ -53,12 +53,16 @@ if ! command -v promtool >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 &
     || echo "WARNING: promtool could not be installed; the promtool tests will be skipped" >&2
 fi
 
-# --- Chromium renders /docs offline (Debian's package; Playwright drives it, downloads no browser) --
+# --- Chromium for the browser tests (/docs offline, the status page); Playwright drives the system's
+# browser and downloads none --------------------------------------------------------------------
 if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-  echo "installing chromium (Debian's package) for the /docs rendering test" >&2
+  echo "installing chromium (Debian's package) for the /docs and status page browser tests" >&2
   (timeout 600 apt-get install -y -qq --no-install-recommends chromium >/dev/null 2>&1 \
     || (apt-get update -qq && timeout 600 apt-get install -y -qq --no-install-recommends chromium) >/dev/null 2>&1) \
-    || echo "WARNING: chromium could not be installed; the /docs browser tests will be skipped" >&2
+    || echo "WARNING: chromium could not be installed; the browser tests will be skipped" >&2
+fi
+if ! command -v chromium >/dev/null 2>&1 && [ -z "${TIDEGATE_CHROMIUM:-}" ]; then
+  echo "WARNING: no chromium (need root and apt-get, or TIDEGATE_CHROMIUM); browser tests will be skipped" >&2
 fi
 
 # --- real vLLM on the CPU (tests marked `vllm` skip loudly when this fails) ----------------------

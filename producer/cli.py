@@ -9,15 +9,16 @@ from typing import Any
 
 import redis
 import typer
-from rich.console import Console, Group
+from rich.console import Console
 from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
+from producer.live_view import render_status
 from producer.producer import Producer, SubmitResult
+from producer.status import operator_status
 from shared.cli_support import EXIT_BAD_INPUT, fail, load_settings, print_json, redis_failure
 from shared.config import Settings
-from shared.control import read_control_state, read_events
 from shared.errors import TicketValidationError
 from shared.models import Ticket
 from shared.queue import TicketQueue
@@ -28,8 +29,6 @@ ticket_app = typer.Typer(add_completion=False)
 status_app = typer.Typer(add_completion=False)
 
 FILE_BATCH = 500
-STATUS_EVENT_SCAN = 200
-STATUS_TRANSITIONS = 5
 
 
 def _producer(settings: Settings) -> Producer:
@@ -210,71 +209,7 @@ def ticket(
 
 
 def status_document(settings: Settings) -> dict[str, Any]:
-    client = connect(settings.redis_url)
-    queue = TicketQueue(client, settings.policy, settings.queue_name)
-    stats = queue.stats()
-    state, _ = read_control_state(client, queue.keys, settings.policy.alarms)
-    workers = client.zrangebyscore(queue.keys.workers, time.time(), "+inf")
-    # Action events outnumber alarm transitions, so transitions are picked from a longer stretch.
-    events = read_events(client, queue.keys, STATUS_EVENT_SCAN)
-    return {
-        "queue": settings.queue_name,
-        "level": state.level.label,
-        "level_source": "monitor" if state.level_is_published else "derived from depth (no live monitor)",
-        "level_since": state.level_since,
-        "mode": state.mode.value,
-        "depth": stats.depth,
-        "depth_by_type": stats.depth_by_type,
-        "oldest_wait_seconds": {t: round(a, 3) for t, a in stats.oldest_age_by_type.items()},
-        "inflight": stats.inflight,
-        "delayed": stats.delayed,
-        "workers_alive": len(workers),  # type: ignore[arg-type]
-        "drain_rate": state.drain_rate,
-        "desired_workers": state.desired_workers,
-        "memory_guard": state.memory_guard,
-        "redis_used_memory": state.redis_used_memory,
-        "redis_memory_budget": state.redis_memory_budget,
-        "outcomes": stats.counts,
-        "events": events[:8],
-        "transitions": [e for e in events if e.get("kind") == "alarm"][:STATUS_TRANSITIONS],
-    }
-
-
-def _memory_line(doc: dict[str, Any]) -> str:
-    used, budget = doc["redis_used_memory"], doc["redis_memory_budget"]
-    if used is None:
-        return "unknown (no live monitor)"
-    line = f"{used / 2**20:.1f} MiB" + (f" of {budget / 2**20:.1f} MiB" if budget else " (no budget)")
-    return line + (" [bold]memory guard on: non-critical intake shed[/]" if doc["memory_guard"] else "")
-
-
-def _status_view(doc: dict[str, Any]) -> Group:
-    head = Table(show_header=False, box=None)
-    head.add_row("level", f"[bold]{doc['level']}[/] ({doc['level_source']})")
-    head.add_row("mode", doc["mode"])
-    head.add_row("depth", str(doc["depth"]))
-    head.add_row("in flight", str(doc["inflight"]))
-    head.add_row("workers alive", str(doc["workers_alive"]))
-    head.add_row("redis memory", _memory_line(doc))
-    types = Table("type", "queued", "oldest wait s", "done", "rejected", "expired", "failed")
-    for t, depth in doc["depth_by_type"].items():
-        outcomes = doc["outcomes"]
-        types.add_row(
-            t,
-            str(depth),
-            f"{doc['oldest_wait_seconds'][t]:.1f}",
-            *(str(outcomes.get(f"{t}:{o}", 0)) for o in ("done", "rejected", "expired", "failed")),
-        )
-    transitions = Table("time", "alarm transition", "depth", title="last transitions")
-    for event in doc["transitions"]:
-        at = time.strftime("%H:%M:%S", time.localtime(float(event.get("at", 0))))
-        transitions.add_row(at, f"{event.get('from')} -> {event.get('to')}", event.get("depth", ""))
-    events = Table("time", "event")
-    for event in doc["events"]:
-        at = time.strftime("%H:%M:%S", time.localtime(float(event.get("at", 0))))
-        detail = " ".join(f"{k}={v}" for k, v in event.items() if k not in ("id", "at"))
-        events.add_row(at, detail)
-    return Group(head, types, transitions, events)
+    return operator_status(connect(settings.redis_url), settings.policy, settings.queue_name)
 
 
 @status_app.command()
@@ -283,7 +218,7 @@ def status(
     watch: bool = typer.Option(False, "--watch", help="refresh every second until Ctrl-C"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Depth per type, in-flight, oldest age, alarm level, mode and the last transitions."""
+    """Depth per type, alarm level (in colour) and transitions, mode, workers, recent sheds."""
     settings = load_settings(queue_name=queue)
     try:
         doc = status_document(settings)
@@ -291,12 +226,12 @@ def status(
             print_json(doc)
             return
         if not watch:
-            Console().print(_status_view(doc))
+            Console().print(render_status(doc))
             return
-        with Live(_status_view(doc), refresh_per_second=2) as live:
+        with Live(render_status(doc), refresh_per_second=2) as live:
             while True:
                 time.sleep(1)
-                live.update(_status_view(status_document(settings)))
+                live.update(render_status(status_document(settings)))
     except (RedisUnavailable, redis.RedisError) as exc:
         redis_failure(exc)
     except KeyboardInterrupt:

@@ -127,6 +127,25 @@ class QueueKeys:
         """HASH: drain rate, desired workers, degrade flags and other figures the monitor derives."""
         return self._key("monitor")
 
+    def sheds(self, minute: int) -> str:
+        """HASH "<type>:<code>" → tickets shed in that minute (epoch seconds // 60); expires."""
+        return self._key(f"sheds:{minute}")
+
+    @property
+    def depth_history(self) -> str:
+        """STREAM of the acting monitor's samples: at, and t:<type> → depth (capped)."""
+        return self._key("depth-history")
+
+    @property
+    def breakers(self) -> str:
+        """Circuit-breaker state per inference endpoint, read by the status page when present."""
+        return self._key("breakers")
+
+    @property
+    def rollout(self) -> str:
+        """The model rollout's state, read by the status page when present."""
+        return self._key("rollout")
+
     # Workers
     @property
     def workers(self) -> str:

@@ -29,6 +29,9 @@ class WorkerView:
     gpu_free_bytes: int | None
     gpu_total_bytes: int | None
     heartbeat_deadline: float
+    concurrency_cap: int | None = None
+    """The latency guard's cap on concurrent non-critical tickets, when one is in force."""
+    state: str = ""
 
     @property
     def kv_free(self) -> float | None:
@@ -63,6 +66,8 @@ def _view(worker_id: str, deadline: float, raw: dict[str, str]) -> WorkerView:
         gpu_free_bytes=_int(raw, "gpu_free_bytes"),
         gpu_total_bytes=_int(raw, "gpu_total_bytes"),
         heartbeat_deadline=deadline,
+        concurrency_cap=_int(raw, "normal_cap"),
+        state=raw.get("state", ""),
     )
 
 

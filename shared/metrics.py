@@ -3,7 +3,9 @@
 Two kinds of figures, two sources:
 - State whose truth lives in Redis (depth, in-flight, alarm level, mode, tickets by outcome, worker
   registry) is read at scrape time by `RedisStateCollector`, so the monitor, every API process and
-  any replica report the same numbers and nothing has to be kept in sync.
+  any replica report the same numbers and nothing has to be kept in sync. Because several
+  processes export the same figure, queries take `max()` across them (never `sum()`): the alert
+  rules, the KEDA trigger and the dashboard all do.
 - Observations only one process sees (queue wait, time to first token, latency, vLLM errors) are
   ordinary prometheus-client objects in that process. With several uvicorn workers set
   PROMETHEUS_MULTIPROC_DIR and `build_registry` aggregates them with the multiprocess collector.
@@ -11,8 +13,10 @@ Two kinds of figures, two sources:
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
 import os
+import platform
 import threading
 from collections.abc import Iterable, Iterator
 from wsgiref.simple_server import WSGIServer
@@ -40,8 +44,13 @@ from shared.queue import TicketQueue
 
 log = logging.getLogger(__name__)
 
-OUTCOMES = ("submitted", "done", "failed", "expired", "cancelled", "rejected")
-"""Outcomes always exported (zero until seen) so dashboards and rate() see every series from the start."""
+OUTCOMES = ("done", "failed", "expired", "cancelled", "rejected")
+"""Final outcomes, always exported (zero until seen) so dashboards and rate() see every series from the
+start. Arrivals are a counter of their own (`tidegate_tickets_submitted_total`), so summing outcomes
+counts each ticket once."""
+
+SUBMITTED = "submitted"
+"""The arrivals field of the counts hash (`<type>:submitted`)."""
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 
@@ -118,7 +127,7 @@ class RedisStateCollector(Collector):
             depth.add_metric([ticket_type], stats.depth_by_type.get(ticket_type, 0))
             oldest.add_metric([ticket_type], stats.oldest_age_by_type.get(ticket_type, 0.0))
         out += [depth, oldest]
-        out.append(_gauge("tidegate_queue_depth_total", "Queued tickets, all types.", stats.depth))
+        out.append(_gauge("tidegate_queue_depth_all_types", "Queued tickets, all types.", stats.depth))
         out.append(_gauge("tidegate_inflight", "Tickets leased by workers right now.", stats.inflight))
         out.append(
             _gauge(
@@ -160,23 +169,33 @@ class RedisStateCollector(Collector):
                 state.redis_memory_budget or 0,
             )
         )
-        out.append(self._tickets(stats.counts))
+        out += self._tickets(stats.counts)
         out.append(_gauge("tidegate_workers_alive", "Workers with a live heartbeat.", len(workers)))
         out += _worker_families(workers)
         return out
 
-    def _tickets(self, counts: dict[str, int]) -> CounterMetricFamily:
+    def _tickets(self, counts: dict[str, int]) -> list[Metric]:
         family = CounterMetricFamily(
-            "tidegate_tickets", "Tickets by type and outcome (from Redis).", labels=["type", "outcome"]
+            "tidegate_tickets",
+            "Tickets that reached a final outcome, by type and outcome (from Redis).",
+            labels=["type", "outcome"],
         )
-        seen = {(t, o): 0 for t in self.policy.type_names for o in OUTCOMES}
+        arrivals = CounterMetricFamily(
+            "tidegate_tickets_submitted",
+            "Tickets submitted (admitted or shed), by type (from Redis).",
+            labels=["type"],
+        )
+        seen = {(t, o): 0 for t in self.policy.type_names for o in (*OUTCOMES, SUBMITTED)}
         for field, value in counts.items():
             ticket_type, _, outcome = field.rpartition(":")
-            if ticket_type:
+            if ticket_type and outcome in (*OUTCOMES, SUBMITTED):
                 seen[(ticket_type, outcome)] = value
         for (ticket_type, outcome), value in sorted(seen.items()):
-            family.add_metric([ticket_type, outcome], value)
-        return family
+            if outcome == SUBMITTED:
+                arrivals.add_metric([ticket_type], value)
+            else:
+                family.add_metric([ticket_type, outcome], value)
+        return [family, arrivals]
 
 
 def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
@@ -188,7 +207,7 @@ def _worker_families(workers: list[WorkerView]) -> list[Metric]:
         ("tidegate_batch_limit", "In-flight batch limit the worker's sizer allows.", "batch_limit"),
         ("tidegate_gpu_free_bytes", "Free GPU memory the worker reports.", "gpu_free_bytes"),
         ("tidegate_gpu_total_bytes", "Total GPU memory the worker reports.", "gpu_total_bytes"),
-        ("tidegate_kv_cache_usage", "Fraction of vLLM's KV cache in use (0..1).", "kv_usage"),
+        ("tidegate_kv_cache_usage_ratio", "Fraction of vLLM's KV cache in use (0..1).", "kv_usage"),
         ("tidegate_worker_inflight", "Tickets the worker is running.", "inflight"),
     )
     out: list[Metric] = []
@@ -213,6 +232,29 @@ class _ProcessMetrics(Collector):
         return REGISTRY.collect()
 
 
+class BuildInfo(Collector):
+    """`tidegate_build_info{version, python}` = 1, so a dashboard can tell which release each process runs."""
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        family = GaugeMetricFamily(
+            "tidegate_build_info",
+            "The tidegate release this process runs (always 1).",
+            labels=["version", "python"],
+        )
+        family.add_metric([tidegate_version(), platform.python_version()], 1)
+        yield family
+
+
+def tidegate_version() -> str:
+    try:
+        return importlib.metadata.version("tidegate")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def build_registry(
     client: redis.Redis | None = None,
     policy: Policy | None = None,
@@ -222,6 +264,7 @@ def build_registry(
 ) -> CollectorRegistry:
     """A registry for one /metrics endpoint: Redis state (when a client is given) and local metrics."""
     registry = CollectorRegistry(auto_describe=False)
+    registry.register(BuildInfo())
     if client is not None and policy is not None:
         registry.register(RedisStateCollector(client, policy, queue_name))
     if include_process:

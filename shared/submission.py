@@ -17,6 +17,7 @@ from shared.policy import Policy, RetainedOutcome
 from shared.scoring import effective_priority, queue_score
 from shared.scripts import Scripts
 from shared.shed import ShedCode, shed_cause
+from shared.shed_log import shed_minute
 
 EnqueueOutcome = Literal["queued", "existing", "rejected"]
 
@@ -125,6 +126,7 @@ class Submission:
                 self.keys.delayed,
                 self.keys.ticket_prefix,
                 self.keys.branch_depth(ticket.type),
+                self.keys.sheds(shed_minute(ticket.created_at)),
             ],
             args=[
                 ticket.id,

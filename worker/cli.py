@@ -16,6 +16,7 @@ import typer
 from shared.cli_support import EXIT_BAD_INPUT, fail, load_settings, print_json
 from shared.config import Settings, setting_help
 from shared.keys import QueueKeys
+from shared.logs import configure_logging, tag_process
 from shared.metrics import serve
 from shared.redis_conn import RedisUnavailable, connect
 from worker.config import WorkerConfig
@@ -175,9 +176,7 @@ def _configure_logging(level_name: str) -> None:
     level = logging.getLevelNamesMapping().get(level_name.upper())
     if level is None:
         fail(f"--log-level={level_name!r} is not accepted; use debug|info|warning|error", EXIT_BAD_INPUT)
-    logging.basicConfig(
-        level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(process)d %(name)s: %(message)s"
-    )
+    configure_logging(level)
 
 
 def _model_spec(
@@ -353,6 +352,7 @@ def _run_one(settings: Settings, config: WorkerConfig, backend: Backend, metrics
     from worker.telemetry import WorkerGauges, worker_registry
     from worker.worker import Worker  # the runtime loads only when a worker really starts
 
+    tag_process(worker=config.worker_id)
     client = _connect(settings)
     provider = _gpu_provider(backend, config.vllm_url, config.gpu)
     runtime = Worker(config, client, settings.policy, gpu_provider=provider)

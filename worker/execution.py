@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from shared.logs import ticket_fields
 from shared.policy import Policy
 from worker import telemetry
 from worker.inflight import AbortReason, InFlight, RunningTicket
@@ -60,7 +61,11 @@ class Executor:
         except Exception:
             # A bug or a Redis outage while recording: the lease is left to expire, so the reaper
             # returns the ticket (counting the attempt) rather than anything being lost.
-            log.exception("ticket %s: unexpected error; its lease will expire and return it", running.id)
+            log.exception(
+                "ticket %s: unexpected error; its lease will expire and return it",
+                running.id,
+                extra=ticket_fields(running.ticket, self.worker_id),
+            )
         finally:
             self.inflight.remove(running.id)
 
@@ -100,6 +105,7 @@ class Executor:
                     error.kind.value,
                     error.message,
                     pause,
+                    extra=ticket_fields(running.ticket, self.worker_id),
                 )
                 message = f"{error.kind.value}: {error.message}"
                 outcome = self.writer.retry(running, message, retry_after=error.retry_after)
@@ -141,5 +147,10 @@ class Executor:
         if reason == AbortReason.EXPIRED:
             return self.writer.expire(running)
         # Cancelled or taken over: the ticket's state is someone else's to write.
-        log.info("ticket %s: request aborted (%s)", running.id, reason)
+        log.info(
+            "ticket %s: request aborted (%s)",
+            running.id,
+            reason,
+            extra=ticket_fields(running.ticket, self.worker_id),
+        )
         return None

@@ -16,6 +16,7 @@ import threading
 import redis
 
 from shared import clock
+from shared.logs import ticket_fields
 from shared.queue import TicketQueue
 from worker.inflight import AbortReason, InFlight
 
@@ -60,6 +61,16 @@ class LeaseKeeper:
             if reply.startswith("stale:"):
                 reason = AbortReason.CANCELLED if reply == "stale:cancelled" else AbortReason.LEASE_LOST
                 if ticket.handle.abort(reason):
-                    log.info("ticket %s: %s (%s); aborting its vLLM request", ticket.id, reason, reply)
+                    log.info(
+                        "ticket %s: %s (%s); aborting its vLLM request",
+                        ticket.id,
+                        reason,
+                        reply,
+                        extra=ticket_fields(ticket.ticket),
+                    )
             elif now >= ticket.ticket.expires_at and ticket.handle.abort(AbortReason.EXPIRED):
-                log.info("ticket %s: TTL passed while running; aborting its vLLM request", ticket.id)
+                log.info(
+                    "ticket %s: TTL passed while running; aborting its vLLM request",
+                    ticket.id,
+                    extra=ticket_fields(ticket.ticket),
+                )

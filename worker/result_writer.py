@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 
 from shared import clock
+from shared.logs import ticket_fields
 from shared.queue import TicketQueue
 from worker import telemetry
 from worker.inflight import RunningTicket
@@ -32,17 +33,27 @@ class ResultWriter:
         written = self.queue.finish(
             running.id, running.token, "done", result=completion.text, usage=usage, extra=extra
         )
+        fields = ticket_fields(running.ticket, self.worker_id)
         if written:
             telemetry.observe_answer(running.ticket, completion.first_token_at, clock.now())
+            log.info("ticket %s: done", running.id, extra=fields)
         else:
-            log.warning("ticket %s: lease lost before its answer was written; answer dropped", running.id)
+            log.warning(
+                "ticket %s: lease lost before its answer was written; answer dropped",
+                running.id,
+                extra=fields,
+            )
         return written
 
     def failed(self, running: RunningTicket, error: str) -> bool:
         """End the ticket `failed` for good (vLLM refused it: retrying cannot help)."""
         written = self.queue.finish(running.id, running.token, "failed", error=error)
         if not written:
-            log.warning("ticket %s: lease lost before its failure was written", running.id)
+            log.warning(
+                "ticket %s: lease lost before its failure was written",
+                running.id,
+                extra=ticket_fields(running.ticket, self.worker_id),
+            )
         return written
 
     def retry(self, running: RunningTicket, error: str, *, retry_after: float | None = None) -> str:
@@ -58,7 +69,14 @@ class ResultWriter:
             backoff=backoff,
             attempts=running.ticket.attempts,
         )
-        log.info("ticket %s: %s (attempt %d): %s", running.id, outcome, running.ticket.attempts, error)
+        log.info(
+            "ticket %s: %s (attempt %d): %s",
+            running.id,
+            outcome,
+            running.ticket.attempts,
+            error,
+            extra=ticket_fields(running.ticket, self.worker_id),
+        )
         return outcome
 
     def give_back(self, running: RunningTicket, reason: str) -> str:
@@ -70,7 +88,13 @@ class ResultWriter:
             outcome == "retry"
         ):  # back in the pending set: wake an idle worker rather than wait for its timeout
             self.queue.wake_workers()
-        log.info("ticket %s: given back (%s): %s", running.id, reason, outcome)
+        log.info(
+            "ticket %s: given back (%s): %s",
+            running.id,
+            reason,
+            outcome,
+            extra=ticket_fields(running.ticket, self.worker_id),
+        )
         return outcome
 
     def expire(self, running: RunningTicket) -> str:

@@ -66,7 +66,7 @@ class WorkerGauges(Collector):
         specs: tuple[tuple[str, str, float | None], ...] = (
             ("tidegate_batch_limit", "In-flight batch limit the worker's sizer allows.", state.batch_limit),
             ("tidegate_worker_inflight", "Tickets the worker is running.", state.inflight),
-            ("tidegate_kv_cache_usage", "Fraction of vLLM's KV cache in use (0..1).", state.kv_usage),
+            ("tidegate_kv_cache_usage_ratio", "Fraction of vLLM's KV cache in use (0..1).", state.kv_usage),
             ("tidegate_gpu_free_bytes", "Free GPU memory the worker reports.", state.gpu_free_bytes),
             ("tidegate_gpu_total_bytes", "Total GPU memory the worker reports.", state.gpu_total_bytes),
         )

@@ -15,6 +15,7 @@ from ops.monitor.loop import Monitor, MonitorConfig, TickResult
 from ops.monitor.rq_worker import start_worker_process, stop_worker_process, work
 from ops.monitor.scaling import ScalingConfig
 from shared.cli_support import EXIT_BAD_INPUT, fail, load_settings, print_json, redis_failure
+from shared.logs import configure_logging
 from shared.metrics import build_registry, serve
 from shared.redis_conn import RedisUnavailable, connect, resolve_redis_url
 
@@ -73,7 +74,7 @@ def monitor(
     settings = load_settings(queue_name=queue)
     if lock_ttl <= interval:
         fail(f"--lock-ttl {lock_ttl} must exceed --interval {interval}, or the lock lapses", EXIT_BAD_INPUT)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging("info")
     try:
         url = resolve_redis_url(settings.redis_url)
         client = connect(url)

@@ -30,6 +30,7 @@ from ops.monitor.sampler import Sample, Sampler
 from ops.monitor.scaling import ScalingConfig, desired_workers
 from shared import clock
 from shared.control import append_event
+from shared.depth_history import append_depth
 from shared.policy import AlarmLevel, Policy
 from shared.queue import TicketQueue
 
@@ -240,6 +241,7 @@ class Monitor:
             pipe.multi()
             pipe.hset(self.keys.alarm, mapping=alarm)
             pipe.hset(self.keys.monitor_state, mapping=figures)
+            append_depth(pipe, self.keys, at, sample.stats.depth_by_type)
             for t in transitions:
                 fields: dict[str, str | int | float] = {
                     "from": t.previous.label,

@@ -20,10 +20,12 @@ from producer.api.body_size import BodySizeLimit
 from producer.api.context import ApiContext
 from producer.api.docs import install_docs
 from producer.api.errors import install_error_handlers
+from producer.api.http_metrics import instrument
 from producer.api.keys import ApiKeyStore
 from producer.api.openai import routes as openai_routes
 from producer.api.openai.hub import READ_TIMEOUT_SECONDS, LiveHub
 from producer.api.openai.models import ModelCatalog
+from producer.api.ui import routes as routes_ui
 from producer.producer import Producer
 from shared.config import Settings
 from shared.metrics import build_registry
@@ -96,7 +98,10 @@ def create_app(
     app.include_router(routes_tickets.router)
     app.include_router(routes_ops.router)
     app.include_router(openai_routes.router)
+    app.include_router(routes_ui.router)
+    app.mount("/ui/static", routes_ui.static_files, name="ui-static")
     app.add_middleware(BodySizeLimit, max_bytes=settings.api_max_body_bytes)
+    instrument(app, context.registry)
     _document_policy(app, settings.policy)
     return app
 

@@ -12,6 +12,7 @@ import typer
 import uvicorn
 
 from shared.cli_support import load_settings
+from shared.logs import uvicorn_log_config
 from shared.redis_conn import RedisUnavailable, resolve_redis_url
 
 app = typer.Typer(add_completion=False)
@@ -48,6 +49,7 @@ def api(
         port=port,
         workers=workers,
         log_level=log_level,
+        log_config=uvicorn_log_config(log_level),
         access_log=access_log,
         proxy_headers=True,
     )

@@ -13,6 +13,7 @@ from producer.api.schemas import (
     MODE_BODY_EXAMPLES,
     AlarmLabel,
     HealthView,
+    LiveView,
     ModeBody,
     ModeView,
     QueuesView,
@@ -93,6 +94,24 @@ def put_mode(
     return ModeView(mode=body.mode, previous=previous)
 
 
+@router.get("/livez", response_model=LiveView, tags=["health"])
+async def livez() -> LiveView:
+    """200 while this process serves requests; it reads nothing, so a Redis outage restarts no pod."""
+    return LiveView(status="ok")
+
+
+@router.get(
+    "/readyz",
+    response_model=HealthView,
+    responses=error_responses({503: "Redis is unreachable"}),
+    tags=["health"],
+)
+def readyz(context: Context) -> HealthView:
+    """200 while Redis answers; 503 otherwise (so a load balancer stops sending tickets here)."""
+    context.redis.ping()
+    return HealthView(status="ok", redis="ok")
+
+
 @router.get(
     "/healthz",
     response_model=HealthView,
@@ -101,9 +120,8 @@ def put_mode(
     summary="Liveness and Redis reachability",
 )
 def healthz(context: Context) -> HealthView:
-    """200 while Redis answers; 503 otherwise (so a load balancer stops sending tickets here)."""
-    context.redis.ping()
-    return HealthView(status="ok", redis="ok")
+    """The same as `/readyz`, kept for load balancers configured before the split."""
+    return readyz(context)
 
 
 @router.get(

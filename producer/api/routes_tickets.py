@@ -40,6 +40,7 @@ from producer.api.schemas import (
     ValidationIssue,
 )
 from producer.api.shed import Shed, shed_answer
+from producer.api.ticket_log import log_submitted
 from producer.producer import SubmitResult
 from shared.errors import TicketValidationError
 from shared.models import Ticket, TicketRequest, TicketStatus
@@ -164,6 +165,7 @@ def submit_ticket(
     except _Invalid as exc:
         raise RequestValidationError([issue.model_dump() for issue in exc.issues]) from None
     result = context.producer.submit(request)
+    log_submitted(result, request)
     if result.outcome == "rejected":
         shed = _shed(context, result, request.type)
         raise ApiError(429, shed.error, shed.headers)
@@ -234,6 +236,7 @@ def submit_batch(
     stored = dict(zip(replayed, context.producer.queue.get_many(replayed), strict=True)) if replayed else {}
     for (index, request), result in zip(valid, results, strict=True):
         ticket = stored.get(result.ticket_id) if result.outcome == "existing" else result.ticket
+        log_submitted(result, request)
         shed = _shed(context, result, request.type) if result.outcome == "rejected" else None
         items[index] = _batch_item(index, result, ticket, shed)
     ordered = [items[i] for i in sorted(items)]

@@ -303,6 +303,10 @@ class ModeView(BaseModel):
     previous: Mode
 
 
+class LiveView(BaseModel):
+    status: Literal["ok"]
+
+
 class HealthView(BaseModel):
     status: Literal["ok"]
     redis: Literal["ok"]

@@ -16,6 +16,7 @@ KEYS[7] wake list               {q}:wake
 KEYS[8] delayed zset            {q}:delayed
 KEYS[9] ticket hash prefix      {q}:t:   (the record an idempotency key names; same hash tag)
 KEYS[10] branch depth of type   {q}:branch-depth:<type> (branch → its queued tickets of the type)
+KEYS[11] shed counts of the minute {q}:sheds:<minute>  ("<type>:<code>" → count; lives ARGV[13])
 
 ARGV[1]  ticket id
 ARGV[2]  ticket type
@@ -87,6 +88,8 @@ if code ~= '' then
     redis.call('SET', KEYS[5], id, 'EX', ARGV[13])
   end
   redis.call('HINCRBY', KEYS[6], ticket_type .. ':rejected', 1)
+  redis.call('HINCRBY', KEYS[11], ticket_type .. ':' .. code, 1)
+  redis.call('EXPIRE', KEYS[11], ARGV[13])
   return {'rejected', id, code, words}
 end
 

@@ -33,10 +33,13 @@ OPERATIONS = [
     ("DELETE", "/v1/tickets/{ticket_id}"),
     ("GET", "/v1/queues"),
     ("PUT", "/v1/mode"),
+    ("GET", "/v1/status"),
     ("GET", "/healthz"),
+    ("GET", "/livez"),
+    ("GET", "/readyz"),
     ("GET", "/metrics"),
 ]
-WITHOUT_INPUT = {"/healthz", "/metrics"}
+WITHOUT_INPUT = {"/v1/status", "/healthz", "/livez", "/readyz", "/metrics"}
 """No parameters and no body: nothing can be generated that breaks their schema."""
 HYPOTHESIS_MAX_LENGTH = 10_000
 """Hypothesis cannot draw a string longer than this, so a negative case for `maxLength: 400000` cannot

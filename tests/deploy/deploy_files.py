@@ -25,7 +25,7 @@ CLI_COMMANDS = frozenset(COMMANDS)
 
 _TIDEGATE_GAUGES = {
     "tidegate_queue_depth",
-    "tidegate_queue_depth_total",
+    "tidegate_queue_depth_all_types",
     "tidegate_inflight",
     "tidegate_oldest_wait_seconds",
     "tidegate_alarm_level",
@@ -35,15 +35,20 @@ _TIDEGATE_GAUGES = {
     "tidegate_batch_limit",
     "tidegate_gpu_free_bytes",
     "tidegate_gpu_total_bytes",
-    "tidegate_kv_cache_usage",
+    "tidegate_kv_cache_usage_ratio",
     "tidegate_workers_alive",
     "tidegate_worker_inflight",
     "tidegate_redis_up",
     "tidegate_memory_guard",
     "tidegate_redis_memory_used_bytes",
     "tidegate_redis_memory_budget_bytes",
+    "tidegate_build_info",
 }
-_TIDEGATE_COUNTERS = {"tidegate_tickets_total", "tidegate_vllm_errors_total"}
+_TIDEGATE_COUNTERS = {
+    "tidegate_tickets_total",
+    "tidegate_tickets_submitted_total",
+    "tidegate_vllm_errors_total",
+}
 _TIDEGATE_HISTOGRAMS = {
     "tidegate_queue_wait_seconds",
     "tidegate_time_to_first_token_seconds",
@@ -122,12 +127,21 @@ def unknown_metrics(expr: str) -> set[str]:
 _INTERPOLATION = re.compile(r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-?])(?P<default>[^}]*))?\}")
 
 
+REQUIRED_ENV = {"REDIS_PASSWORD": "example-password"}
+"""What an operator must set before compose starts (the file refuses to run without it)."""
+
+
 def interpolate(value: str, env: dict[str, str] | None = None) -> str:
-    """Resolve `${VAR}`, `${VAR:-default}` and `${VAR-default}` as Compose does, from `env` only."""
+    """Resolve `${VAR}`, `${VAR:-default}`, `${VAR-default}` and `${VAR:?error}` as Compose does, from
+    `env` only; a required variable that is missing raises ValueError with the file's message."""
     env = env or {}
 
     def replace(match: re.Match[str]) -> str:
         name, op, default = match.group("name"), match.group("op"), match.group("default") or ""
+        if op in (":?", "?"):
+            if not env.get(name):
+                raise ValueError(f"{name}: {default}")
+            return env[name]
         if op == ":-":
             return env.get(name) or default
         if op == "-":

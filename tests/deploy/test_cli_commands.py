@@ -11,7 +11,13 @@ import pytest
 from rq.cli.cli import main as rq_cli
 
 from ops.monitor.dispatch import ACTIONS_QUEUE, CALLBACKS_QUEUE
-from tests.deploy.deploy_files import K8S_DIR, compose_services, interpolate, load_yaml_documents
+from tests.deploy.deploy_files import (
+    K8S_DIR,
+    REQUIRED_ENV,
+    compose_services,
+    interpolate,
+    load_yaml_documents,
+)
 from tidegate.cli import COMMANDS, load_command
 
 TIDEGATE_IMAGE = "${TIDEGATE_IMAGE:-tidegate:latest}"
@@ -23,7 +29,7 @@ def compose_command_lines() -> dict[str, list[str]]:
         if svc.get("image") != TIDEGATE_IMAGE:
             continue
         if "entrypoint" not in svc:
-            lines[f"compose {name}"] = [interpolate(token) for token in svc["command"]]
+            lines[f"compose {name}"] = [interpolate(token, REQUIRED_ENV) for token in svc["command"]]
         test = svc.get("healthcheck", {}).get("test", [])
         if test[:2] == ["CMD", "tidegate"]:
             lines[f"compose {name} healthcheck"] = test[2:]
@@ -56,7 +62,7 @@ def rq_command_lines() -> dict[str, list[str]]:
     lines = {}
     for name, svc in compose_services().items():
         if svc.get("entrypoint") == ["rq"]:
-            lines[f"compose {name}"] = [interpolate(token) for token in svc["command"]]
+            lines[f"compose {name}"] = [interpolate(token, REQUIRED_ENV) for token in svc["command"]]
     for path in sorted(K8S_DIR.glob("*.yaml")):
         for doc in load_yaml_documents(path):
             if doc.get("kind") == "Deployment":

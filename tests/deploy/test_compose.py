@@ -23,6 +23,7 @@ from tests.deploy.deploy_files import (
     CLI_COMMANDS,
     COMPOSE_FILE,
     REPO,
+    REQUIRED_ENV,
     compose,
     compose_services,
     interpolate,
@@ -35,6 +36,8 @@ SETTINGS_ENV = frozenset(f"TIDEGATE_{name.upper()}" for name in Settings.model_f
 GPU_WORKERS = ("worker-gpu0", "worker-gpu1")
 SIM_WORKERS = ("worker-sim0", "worker-sim1")
 RQ_QUEUES = (ACTIONS_QUEUE, CALLBACKS_QUEUE)
+UNSET = "\0unset"
+"""An `env` value for run_compose that removes the variable."""
 
 
 def tidegate_services() -> dict[str, dict[str, Any]]:
@@ -141,14 +144,17 @@ def test_redis_is_persistent_and_password_protected() -> None:
     command = redis["command"]
     assert flag_value(command, "--appendonly") == "yes"
     assert flag_value(command, "--maxmemory-policy") == "noeviction"
-    password = interpolate(flag_value(command, "--requirepass"))
-    assert password
-    assert interpolate(redis["environment"]["REDISCLI_AUTH"]) == password
+    with pytest.raises(ValueError, match="REDIS_PASSWORD"):
+        interpolate(flag_value(command, "--requirepass"))  # no default password to fall back to
+    env = {"REDIS_PASSWORD": "pw-from-env"}
+    password = interpolate(flag_value(command, "--requirepass"), env)
+    assert password == "pw-from-env"
+    assert interpolate(redis["environment"]["REDISCLI_AUTH"], env) == password
     assert any(volume.endswith(":/data") for volume in redis["volumes"])
     assert redis["volumes"][0].split(":")[0] in compose()["volumes"]
     assert redis["healthcheck"]["test"] == ["CMD", "redis-cli", "ping"]
     for name, svc in tidegate_services().items():
-        url = interpolate(svc["environment"]["TIDEGATE_REDIS_URL"])
+        url = interpolate(svc["environment"]["TIDEGATE_REDIS_URL"], env)
         assert url == f"redis://:{password}@redis:6379/0", f"{name} would not authenticate to redis"
         assert svc["depends_on"] == {} or svc["depends_on"]["redis"]["condition"] == "service_healthy"
 
@@ -227,8 +233,15 @@ def run_compose(
     assert binary is not None
     env_file = tmp_path / "empty.env"
     env_file.write_text("")
-    environment = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "DOCKER_CONFIG": str(tmp_path)}
+    environment = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "DOCKER_CONFIG": str(tmp_path),
+        **REQUIRED_ENV,
+    }
     environment.update(env or {})
+    for name in [name for name, value in environment.items() if value == UNSET]:
+        del environment[name]
     return subprocess.run(
         [
             *binary,
@@ -290,6 +303,13 @@ def test_compose_gpu_profile_reserves_one_gpu_per_worker(tmp_path: Path) -> None
 
 
 @needs_compose
+def test_compose_refuses_to_start_without_a_redis_password(tmp_path: Path) -> None:
+    result = run_compose(tmp_path, "--profile", "sim", "config", "-q", env={"REDIS_PASSWORD": UNSET})
+    assert result.returncode != 0
+    assert "REDIS_PASSWORD" in result.stderr
+
+
+@needs_compose
 def test_compose_password_reaches_redis_and_every_client(tmp_path: Path) -> None:
     services = resolved(tmp_path, "sim", env={"REDIS_PASSWORD": "s3cret-pw"})["services"]
     assert "s3cret-pw" in services["redis"]["command"]
@@ -310,7 +330,12 @@ def test_compose_rejects_a_broken_file(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         timeout=60,
-        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "DOCKER_CONFIG": str(tmp_path)},
+        env={
+            "PATH": "/usr/bin:/bin",
+            "HOME": str(tmp_path),
+            "DOCKER_CONFIG": str(tmp_path),
+            **REQUIRED_ENV,
+        },
     )
     assert result.returncode != 0
     assert "stop_grace_periods" in result.stderr

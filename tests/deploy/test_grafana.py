@@ -105,11 +105,11 @@ def test_latency_p50_and_p99_per_type() -> None:
 
 
 def test_worker_panels() -> None:
-    for metric in ("tidegate_batch_limit", "tidegate_kv_cache_usage", "tidegate_gpu_free_bytes"):
+    for metric in ("tidegate_batch_limit", "tidegate_kv_cache_usage_ratio", "tidegate_gpu_free_bytes"):
         assert any("by (worker, gpu)" in expr for panel in panel_reading(metric) for expr in exprs(panel)), (
             metric
         )
-    (kv,) = panel_reading("tidegate_kv_cache_usage")
+    (kv,) = panel_reading("tidegate_kv_cache_usage_ratio")
     assert threshold_values(kv) == [0.85]
     assert panel_reading("tidegate_gpu_total_bytes") == panel_reading("tidegate_gpu_free_bytes")
 
@@ -118,10 +118,24 @@ def test_panels_use_the_provisioned_datasource() -> None:
     (source,) = load_yaml(GRAFANA_DIR / "provisioning" / "datasources" / "prometheus.yml")["datasources"]
     assert source["url"] == "http://prometheus:9090"
     assert "prometheus" in compose_services()
+    variables = {v["name"]: v for v in dashboard()["templating"]["list"]}
+    chooser = variables["datasource"]
+    assert (chooser["type"], chooser["query"]) == ("datasource", "prometheus")
+    assert chooser["current"]["value"] == source["uid"], "the default is the provisioned datasource"
     for panel in panels():
-        assert panel["datasource"]["uid"] == source["uid"]
+        assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
         for target in panel["targets"]:
-            assert target["datasource"]["uid"] == source["uid"]
+            assert target["datasource"]["uid"] == "${datasource}", panel["title"]
+
+
+def test_per_type_panels_follow_the_type_variable() -> None:
+    variables = {v["name"]: v for v in dashboard()["templating"]["list"]}
+    assert variables["type"]["definition"] == "label_values(tidegate_queue_depth, type)"
+    assert variables["type"]["includeAll"] and variables["type"]["multi"]
+    for panel in panels():
+        for expr in exprs(panel):
+            if "by (type" in expr:
+                assert 'type=~"$type"' in expr, f"{panel['title']!r}: {expr} ignores the type variable"
 
 
 def test_provider_reads_the_mounted_dashboards() -> None:

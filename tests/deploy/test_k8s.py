@@ -5,6 +5,7 @@ is installed."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import tomllib
@@ -21,6 +22,7 @@ from tests.deploy.deploy_files import (
     CLI_COMMANDS,
     K8S_DIR,
     K8S_SHARED_GPU_DIR,
+    PROMETHEUS_DIR,
     REPO,
     load_yaml,
     load_yaml_documents,
@@ -28,10 +30,13 @@ from tests.deploy.deploy_files import (
     unknown_metrics,
 )
 
+ALERTS = PROMETHEUS_DIR / "alerts.yml"
 KUBERNETES_VERSION = "1.30"  # the oldest release the base is meant to apply to
 DRA_KUBERNETES_VERSION = "1.34"  # resource.k8s.io/v1, which the shared-GPU overlay needs
 needs_kubectl = pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not installed")
 SETTINGS_ENV = frozenset(f"TIDEGATE_{name.upper()}" for name in Settings.model_fields)
+OPERATOR_GROUPS = ("keda.sh/", "monitoring.coreos.com/")
+"""Custom resources (KEDA, Prometheus operator) whose CRD schemas are not at hand: checked by structure."""
 MANIFESTS = sorted(path for path in K8S_DIR.glob("*.yaml") if path.name != "kustomization.yaml")
 
 
@@ -69,7 +74,7 @@ def test_every_manifest_has_identity() -> None:
 def test_builtin_kinds_match_the_kubernetes_schema() -> None:
     checked = 0
     for path, doc in resources():
-        if doc["apiVersion"].startswith("keda.sh/"):
+        if doc["apiVersion"].startswith(OPERATOR_GROUPS):
             continue
         try:
             kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
@@ -78,7 +83,9 @@ def test_builtin_kinds_match_the_kubernetes_schema() -> None:
                 f"{path.name} {doc['kind']}/{doc['metadata']['name']}: {exc.message} at {list(exc.path)}"
             )
         checked += 1
-    assert checked == len(resources()) - 1
+    custom = [doc for _, doc in resources() if doc["apiVersion"].startswith(OPERATOR_GROUPS)]
+    assert len(custom) == 5, "the ScaledObject, two ServiceMonitors, a PodMonitor, a PrometheusRule"
+    assert checked == len(resources()) - len(custom)
 
 
 def test_schema_validation_catches_a_typo() -> None:
@@ -165,7 +172,8 @@ def test_api_service_routes_to_the_api_port() -> None:
         service["spec"]["selector"]
         == resource("Deployment", "tidegate-api")["spec"]["selector"]["matchLabels"]
     )
-    assert api["readinessProbe"]["httpGet"]["path"] == "/healthz"
+    assert api["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert api["livenessProbe"]["httpGet"]["path"] == "/livez", "liveness must not depend on Redis"
 
 
 def test_monitor_has_a_standby() -> None:
@@ -185,7 +193,7 @@ def test_keda_scales_workers_on_queue_depth() -> None:
     metadata = trigger["metadata"]
     # KEDA rejects trigger metadata that is not a string, a classic mistake with `threshold: 30`.
     assert all(isinstance(value, str) for value in metadata.values()), metadata
-    assert "tidegate_queue_depth_total" in metadata["query"]
+    assert "tidegate_queue_depth_all_types" in metadata["query"]
     assert not unknown_metrics(metadata["query"])
     assert int(metadata["threshold"]) == policy_thresholds()["yellow"]
     assert metadata["serverAddress"].startswith("http")
@@ -219,7 +227,7 @@ def test_shared_gpu_claim_template_matches_the_schema() -> None:
 def test_shared_gpu_overlay_gives_both_containers_one_gpu() -> None:
     rendered = kustomize(K8S_SHARED_GPU_DIR)
     for doc in rendered:
-        if not doc["apiVersion"].startswith("keda.sh/"):
+        if not doc["apiVersion"].startswith(OPERATOR_GROUPS):
             kubernetes_validate.validate(doc, DRA_KUBERNETES_VERSION, strict=True)
     (worker,) = [
         doc
@@ -236,3 +244,58 @@ def test_shared_gpu_overlay_gives_both_containers_one_gpu() -> None:
         assert "nvidia.com/gpu" not in container["resources"].get("requests", {}), container["name"]
     backend = {env["name"]: env.get("value") for env in pod["worker"]["env"]}["TIDEGATE_GPU_BACKEND"]
     assert backend == "nvml"
+
+
+def _pod_labels(deployment: dict[str, Any]) -> dict[str, str]:
+    labels: dict[str, str] = deployment["spec"]["template"]["metadata"]["labels"]
+    return labels
+
+
+def _port_names(deployment: dict[str, Any]) -> set[str]:
+    return {p["name"] for c in containers(deployment).values() for p in c.get("ports", []) if "name" in p}
+
+
+def test_disruption_budgets_keep_a_pod_of_each_service() -> None:
+    budgets = [doc for _, doc in resources() if doc["kind"] == "PodDisruptionBudget"]
+    assert {b["metadata"]["name"] for b in budgets} == {"tidegate-api", "tidegate-monitor", "tidegate-worker"}
+    for budget in budgets:
+        deployment = resource("Deployment", budget["metadata"]["name"])
+        selector = budget["spec"]["selector"]["matchLabels"]
+        assert selector.items() <= _pod_labels(deployment).items(), budget["metadata"]["name"]
+        if "minAvailable" in budget["spec"]:
+            assert budget["spec"]["minAvailable"] < deployment["spec"]["replicas"], (
+                "a drain could never proceed"
+            )
+        else:
+            assert budget["spec"]["maxUnavailable"] >= 1
+
+
+def test_prometheus_operator_scrapes_every_component_under_the_rules_job_names() -> None:
+    rule_jobs = set(re.findall(r'job="([^"]+)"', ALERTS.read_text()))
+    seen_jobs: set[str] = set()
+    for _, doc in resources():
+        if doc["kind"] == "ServiceMonitor":
+            (service,) = [
+                svc
+                for _, svc in resources()
+                if svc["kind"] == "Service"
+                and doc["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+            ]
+            ports = {p["name"] for p in service["spec"]["ports"]}
+            assert {e["port"] for e in doc["spec"]["endpoints"]} <= ports, doc["metadata"]["name"]
+            seen_jobs.add(service["metadata"]["labels"][doc["spec"]["jobLabel"]])
+        elif doc["kind"] == "PodMonitor":
+            deployment = resource("Deployment", doc["metadata"]["name"])
+            assert doc["spec"]["selector"]["matchLabels"].items() <= _pod_labels(deployment).items()
+            assert {e["port"] for e in doc["spec"]["podMetricsEndpoints"]} <= _port_names(deployment)
+            seen_jobs.add(_pod_labels(deployment)[doc["spec"]["jobLabel"]])
+    assert rule_jobs <= seen_jobs, (
+        f"rules read up{{job=...}} for {sorted(rule_jobs - seen_jobs)}, never scraped"
+    )
+
+
+def test_prometheus_rule_carries_the_alert_rules_file() -> None:
+    (rule,) = [doc for _, doc in resources() if doc["kind"] == "PrometheusRule"]
+    assert rule["spec"]["groups"] == load_yaml(ALERTS)["groups"], (
+        "ops/deploy/k8s/base/prometheus-operator.yaml differs from ops/deploy/prometheus/alerts.yml"
+    )

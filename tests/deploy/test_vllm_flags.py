@@ -22,6 +22,7 @@ import pytest
 from tests.deploy.deploy_files import (
     K8S_DIR,
     REPO,
+    REQUIRED_ENV,
     compose_services,
     interpolate,
     load_yaml_documents,
@@ -71,7 +72,7 @@ def k8s_vllm_args() -> list[str]:
 
 
 def compose_vllm_args(service: str) -> list[str]:
-    return [interpolate(token) for token in compose_services()[service]["command"]]
+    return [interpolate(token, REQUIRED_ENV) for token in compose_services()[service]["command"]]
 
 
 DEPLOYMENTS: dict[str, tuple[Callable[[], list[str]], int]] = {

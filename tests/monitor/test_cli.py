@@ -75,7 +75,7 @@ def test_monitor_once_publishes_and_status_shows_level_mode_and_transitions(
     ]  # newest first
     assert status["level_since"] == pytest.approx(doc["at"])
     human = run_cli("status").stdout
-    assert "orange" in human and "critical-only" in human and "yellow -> orange" in human
+    assert "orange" in human and "critical-only" in human and "yellow→orange" in human
 
     jobs = [Job.fetch(job_id, connection=rq_queues.conn) for job_id in rq_queues.actions.job_ids]
     assert [job.func_name.rpartition(".")[2] for job in jobs] == ["scale_out", "degrade"]

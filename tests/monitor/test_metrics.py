@@ -43,7 +43,7 @@ def test_collector_reports_queue_alarm_mode_outcomes_and_workers(
     assert value("tidegate_redis_up") == 1
     assert value("tidegate_queue_depth", {"type": "complaint"}) == 39
     assert value("tidegate_queue_depth", {"type": "archive_query"}) == 15
-    assert value("tidegate_queue_depth_total") == 54
+    assert value("tidegate_queue_depth_all_types") == 54
     assert value("tidegate_inflight") == 0
     assert value("tidegate_alarm_level") == 2
     assert value("tidegate_mode", {"mode": "critical-only"}) == 1
@@ -51,13 +51,14 @@ def test_collector_reports_queue_alarm_mode_outcomes_and_workers(
     assert value("tidegate_desired_workers") == int(
         redis_client.hget(monitor.keys.monitor_state, "desired_workers")
     )
-    assert value("tidegate_tickets_total", {"type": "complaint", "outcome": "submitted"}) == 40
+    assert value("tidegate_tickets_submitted_total", {"type": "complaint"}) == 40
+    assert value("tidegate_tickets_total", {"type": "complaint", "outcome": "submitted"}) is None
     assert value("tidegate_tickets_total", {"type": "complaint", "outcome": "done"}) == 1
     assert value("tidegate_tickets_total", {"type": "loan_approval", "outcome": "expired"}) == 0
     assert value("tidegate_workers_alive") == 1
     labels = {"worker": "node1-gpu0", "gpu": "0"}
     assert value("tidegate_batch_limit", labels) == 12
-    assert value("tidegate_kv_cache_usage", labels) == 0.4
+    assert value("tidegate_kv_cache_usage_ratio", labels) == 0.4
     assert value("tidegate_gpu_free_bytes", labels) == 2_000
     assert value("tidegate_gpu_total_bytes", labels) == 8_000
     assert value("tidegate_oldest_wait_seconds", {"type": "complaint"}) is not None
@@ -67,7 +68,7 @@ def test_collector_survives_an_unreachable_redis(policy: Policy) -> None:
     dead = Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0))
     registry = build_registry(dead, policy, "nowhere", include_process=False)
     assert registry.get_sample_value("tidegate_redis_up") == 0
-    assert registry.get_sample_value("tidegate_queue_depth_total") is None
+    assert registry.get_sample_value("tidegate_queue_depth_all_types") is None
 
 
 def test_metrics_endpoint_serves_redis_state_and_process_histograms(
@@ -82,7 +83,7 @@ def test_metrics_endpoint_serves_redis_state_and_process_histograms(
         server.shutdown()
         server.server_close()
         thread.join(5)
-    assert "tidegate_queue_depth_total 0.0" in body
+    assert "tidegate_queue_depth_all_types 0.0" in body
     assert 'tidegate_queue_wait_seconds_bucket{le="0.5",type="loan_approval"}' in body
     text, content_type = render(registry)
     assert content_type.startswith("text/plain") and b"tidegate_alarm_level" in text

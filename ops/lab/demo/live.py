@@ -15,15 +15,14 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from ops.lab.demo.summary import LEVEL_STYLES, seconds, type_table
+from ops.lab.demo.summary import seconds, type_table
 from ops.lab.traffic.records import TypeFigures
 from ops.lab.traffic.timeseries import Sample, TimeSeries
 from ops.lab.traffic.workload import LoadProfile
+from producer.live_view import LEVEL_STYLES, bar, level_badge, transition, workers_panel
 from shared.policy import Policy
 
-BAR_WIDTH = 30
 SIDE_BY_SIDE_WIDTH = 130
-GIB = 1024**3
 
 
 @dataclass(frozen=True)
@@ -36,13 +35,6 @@ class ViewState:
     series: TimeSeries
     figures: dict[str, TypeFigures]
     draining: bool
-
-
-def bar(value: float, scale: float, width: int = BAR_WIDTH, style: str = "cyan") -> Text:
-    filled = 0 if scale <= 0 else min(width, round(width * value / scale))
-    text = Text("█" * filled, style=style)
-    text.append("·" * (width - filled), style="dim")
-    return text
 
 
 def _phase_line(state: ViewState) -> Text:
@@ -71,7 +63,7 @@ def _depth_panel(sample: Sample | None, policy: Policy) -> RenderableType:
     )
     table.add_row("in flight", bar(sample.inflight, scale, style="blue"), str(sample.inflight))
     level = Text("alarm ", style="bold")
-    level.append(f" {sample.level.upper()} ", style="reverse " + LEVEL_STYLES.get(sample.level, ""))
+    level.append(level_badge(sample.level))
     level.append(
         f"  at {policy.alarms.yellow}/{policy.alarms.orange}/{policy.alarms.red}   mode {sample.mode}"
     )
@@ -85,25 +77,7 @@ def _depth_panel(sample: Sample | None, policy: Policy) -> RenderableType:
 
 
 def _workers_panel(sample: Sample | None) -> RenderableType:
-    table = Table(header_style="bold", expand=False, box=None)
-    table.add_column("worker")
-    table.add_column("batch limit", justify="right")
-    table.add_column("in flight", justify="right")
-    table.add_column("KV cache")
-    table.add_column("GPU free", justify="right")
-    table.add_column("KV", justify="right")
-    for w in sample.workers if sample else []:
-        usage = w.kv_usage or 0.0
-        style = "red" if usage > 0.85 else "yellow" if usage > 0.6 else "green"
-        table.add_row(
-            w.worker_id,
-            "-" if w.batch_limit is None else str(w.batch_limit),
-            "-" if w.inflight is None else str(w.inflight),
-            bar(usage, 1.0, width=16, style=style),
-            "-" if w.gpu_free_bytes is None else f"{w.gpu_free_bytes / GIB:.1f} GiB",
-            "-" if w.kv_usage is None else f"{usage:.0%}",
-        )
-    return Panel(table, title="workers", title_align="left", expand=False)
+    return workers_panel(sample.workers if sample else [])
 
 
 def _alarm_line(state: ViewState, last: int = 5) -> Text:
@@ -115,9 +89,7 @@ def _alarm_line(state: ViewState, last: int = 5) -> Text:
         if i:
             text.append(" · ", style="dim")
         text.append(f"{change.t:.0f}s ")
-        text.append(change.previous, style=LEVEL_STYLES.get(change.previous, ""))
-        text.append("→")
-        text.append(change.level, style=LEVEL_STYLES.get(change.level, ""))
+        text.append(transition(change.previous, change.level))
         text.append(f" ({change.depth})", style="dim")
     return text
 

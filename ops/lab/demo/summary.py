@@ -16,9 +16,7 @@ from ops.lab.traffic.accounting import AccountingCheck
 from ops.lab.traffic.records import TypeFigures
 from ops.lab.traffic.timeseries import AlarmChange
 from ops.lab.traffic.workload import LoadProfile
-
-LEVEL_STYLES = {"green": "green", "yellow": "yellow", "orange": "dark_orange", "red": "bold red"}
-LEVEL_ORDER = ("green", "yellow", "orange", "red")
+from producer.live_view import LEVEL_ORDER, LEVEL_STYLES
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from producer.api.openai.call import Call, Endpoint, bad_request, parse_call
 from producer.api.openai.waiting import TicketWait
 from producer.api.openai.wire import Shape
 from producer.api.shed import shed_answer as shed_for
+from producer.api.ticket_log import log_submitted
 from producer.producer import SubmitResult
 from shared.errors import TicketValidationError
 from shared.models import TicketRequest
@@ -122,6 +123,7 @@ async def _serve(request: Request, context: ApiContext, principal: Caller, endpo
     await _check_model(context, call.model)
     ticket_request = _validated(context, call, principal.branch_id)
     result: SubmitResult = await run_in_threadpool(context.producer.submit, ticket_request)
+    log_submitted(result, ticket_request)
     shape = Shape.of(endpoint, result.ticket_id, call.model)
     if result.outcome == "rejected":
         return _shed(context, call, result, shape)
