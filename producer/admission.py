@@ -123,13 +123,17 @@ class AdmissionController:
         self._cached: tuple[float, ControlState] | None = None
 
     def state(self) -> ControlState:
+        # The read happens outside the lock: on a stalled Redis a lock held across it would queue
+        # every concurrent submit behind one read timeout after another.
         with self._lock:
-            now = time.monotonic()
-            if self._cached is not None and now - self._cached[0] < self.cache_seconds:
-                return self._cached[1]
-            state, _ = read_control_state(self.redis, self.keys, self.policy.alarms)
-            self._cached = (now, state)
-            return state
+            cached = self._cached
+        if cached is not None and time.monotonic() - cached[0] < self.cache_seconds:
+            return cached[1]
+        read_at = time.monotonic()
+        state, _ = read_control_state(self.redis, self.keys, self.policy.alarms)
+        with self._lock:
+            self._cached = (read_at, state)
+        return state
 
     def invalidate(self) -> None:
         with self._lock:

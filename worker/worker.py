@@ -207,6 +207,7 @@ class Worker:
             self.registry.deregister()
         except Exception as exc:  # Redis gone: the heartbeat TTL removes us anyway
             log.warning("could not leave the registry (%s); the heartbeat TTL will", exc)
+        self.queue.close()
         self.primary.close()
         if self.fallback is not None:
             self.fallback.close()

@@ -12,17 +12,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import redis
 from redis import Redis
-from redis.backoff import ExponentialBackoff
-from redis.retry import Retry as RedisRetry
 from rq import Queue, Retry
 from rq.queue import EnqueueData
 
 from ops.monitor.actions import ACTIONS, FORWARD_JOBS, restore
 from ops.monitor.hysteresis import Transition
 from shared.policy import HooksPolicy
-from shared.redis_conn import resolve_redis_url
+from shared.redis_conn import (
+    CONNECT_TIMEOUT_SECONDS,
+    HEALTH_CHECK_SECONDS,
+    READ_TIMEOUT_SECONDS,
+    connection_retry,
+    resolve_redis_url,
+)
 
 ACTIONS_QUEUE = "tidegate-actions"
 CALLBACKS_QUEUE = "tidegate-callbacks"
@@ -47,15 +50,16 @@ class JobOptions:
 def rq_connection(redis_url: str | None) -> Redis:
     """A client for rq: it stores pickled jobs, so replies must stay bytes (no decode_responses).
 
-    It retries connection errors like the queue's own client, so a Redis restart is survived.
+    It retries connection errors and times out reads like the queue's own client; rq's worker
+    raises the read timeout itself above its blocking pop's.
     """
     return Redis.from_url(
         resolve_redis_url(redis_url),
-        socket_connect_timeout=5,
+        socket_connect_timeout=CONNECT_TIMEOUT_SECONDS,
+        socket_timeout=READ_TIMEOUT_SECONDS,
         socket_keepalive=True,
-        health_check_interval=30,
-        retry=RedisRetry(ExponentialBackoff(cap=2.0, base=0.05), retries=6),
-        retry_on_error=[redis.ConnectionError, redis.TimeoutError],
+        health_check_interval=HEALTH_CHECK_SECONDS,
+        retry=connection_retry(),
     )
 
 
