@@ -156,6 +156,20 @@ class QueueKeys:
         """HASH with the worker's host, GPU, model, in-flight count, batch limit, KV usage (TTL'd)."""
         return self._key(f"worker:{worker_id}")
 
+    # Circuit breakers (shared/breaker.py)
+    @property
+    def breakers(self) -> str:
+        """SET of the endpoints that have a breaker state."""
+        return self._key("breakers")
+
+    def breaker(self, endpoint: str) -> str:
+        """HASH: one endpoint's breaker state (open_until, probe_until, sustained, deep, version, …)."""
+        return self._key(f"breaker:{endpoint}")
+
+    def breaker_bucket(self, endpoint: str, rung: str, index: int) -> str:
+        """HASH {ok, err}: one time bucket of a rung's window (TTL'd)."""
+        return self._key(f"breaker:{endpoint}:{rung}:{index}")
+
     # API keys
     @property
     def api_keys(self) -> str:
