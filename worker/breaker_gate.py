@@ -102,22 +102,29 @@ class BreakerGate:
             self._cache.pop(self.primary_endpoint, None)
 
     # ---- routing and counting -----------------------------------------------------------------
-    def usable_fallback(self) -> Fallback | None:
+    def usable_fallback(self, *, verified: bool) -> Fallback | None:
+        """A fallback whose circuit is closed and whose version matched (or, unless `verified`,
+        is not known yet); a mismatched one never."""
         now = time.time()
+        accepted = ("matched",) if verified else ("matched", "unknown")
         for fallback in self.fallbacks:
-            if fallback.status == "matched" and self.state(fallback.endpoint).phase(now) is Phase.CLOSED:
+            if fallback.status in accepted and self.state(fallback.endpoint).phase(now) is Phase.CLOSED:
                 return fallback
         return None
 
     def client_for(self, routed_to_fallback: bool, probe: bool) -> VllmClient:
-        """Probes go to the primary; sustained errors or the ticket's route send to a matched fallback."""
+        """Probes go to the primary; sustained errors send to a verified fallback, a ticket routed
+        there at admission (orange) to any fallback not known to mismatch."""
         if probe:
             return self.primary
-        fallback = self.usable_fallback()
-        if fallback is None:
-            return self.primary
-        if routed_to_fallback or self.state(self.primary_endpoint).sustained:
-            return fallback.client
+        if self.state(self.primary_endpoint).sustained:
+            fallback = self.usable_fallback(verified=True)
+            if fallback is not None:
+                return fallback.client
+        if routed_to_fallback:
+            fallback = self.usable_fallback(verified=False)
+            if fallback is not None:
+                return fallback.client
         return self.primary
 
     def record(self, client: VllmClient, ok: bool, *, probe: bool = False) -> None:
@@ -141,9 +148,9 @@ class BreakerGate:
         for fallback in self.fallbacks:
             model = self._model_of(fallback.client)
             version = model_version(model) if model else None
-            if model is None or wanted is None:
+            if model is None or (primary_model is None and self.policy.models.version is None):
                 status = "unknown"
-            else:
+            else:  # two names without a version pair too: nothing says they differ
                 status = "matched" if version == wanted else "mismatched"
             if status != fallback.status:
                 self._report_pairing(fallback, status, model or "", version or "", wanted or "")

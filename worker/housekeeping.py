@@ -92,7 +92,8 @@ class Housekeeping:
         self.session.close()
 
     def _loop(self) -> None:
-        next_resize = next_beat = next_reap = next_pair = 0.0
+        next_resize = next_beat = next_reap = 0.0
+        next_pair = time.monotonic() + PAIR_INTERVAL_SECONDS  # the worker paired once at start
         while not self._stop.is_set():
             now = time.monotonic()
             if self.pair_fallbacks is not None and now >= next_pair:
@@ -109,6 +110,10 @@ class Housekeeping:
                 next_beat = now + self.heartbeat_seconds
             wake = min(next_reap, next_resize, next_beat) - time.monotonic()
             self._stop.wait(max(wake, 0.01))
+
+    def guarded(self, chore: str, action: Callable[[], object]) -> None:
+        """Run one chore now; a failure is logged, never raised."""
+        self._guard(chore, action)
 
     def _guard(self, chore: str, action: Callable[[], object]) -> None:
         try:

@@ -171,6 +171,7 @@ class Worker:
         )
         self.housekeeping.resize()
         self.housekeeping.heartbeat()
+        self.housekeeping.guarded("fallback pairing", self.breakers.pair)
         self.leases.start()
         self.housekeeping.start()
         claimer = threading.Thread(target=self._claim_then_signal, name="claim-loop", daemon=True)
