@@ -137,11 +137,6 @@ class QueueKeys:
         return self._key("depth-history")
 
     @property
-    def breakers(self) -> str:
-        """Circuit-breaker state per inference endpoint, read by the status page when present."""
-        return self._key("breakers")
-
-    @property
     def rollout(self) -> str:
         """The model rollout's state, read by the status page when present."""
         return self._key("rollout")
@@ -159,7 +154,7 @@ class QueueKeys:
     # Circuit breakers (shared/breaker.py)
     @property
     def breakers(self) -> str:
-        """SET of the endpoints that have a breaker state."""
+        """SET of the endpoints that have a breaker state (each in `breaker(endpoint)`)."""
         return self._key("breakers")
 
     def breaker(self, endpoint: str) -> str:
