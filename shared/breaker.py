@@ -64,6 +64,8 @@ class BreakerState:
     """While half-open: a probe is out until then."""
     sustained: bool = False
     deep: bool = False
+    deep_since: float = 0.0
+    """When the deep rung last switched on: names the episode its one page belongs to."""
     version: int = 0
 
     def phase(self, now: float) -> Phase:
@@ -88,6 +90,7 @@ class BreakerState:
             "probe_until": repr(self.probe_until),
             "sustained": "1" if self.sustained else "0",
             "deep": "1" if self.deep else "0",
+            "deep_since": repr(self.deep_since),
         }
 
     @classmethod
@@ -97,6 +100,7 @@ class BreakerState:
             probe_until=float(raw.get("probe_until") or 0),
             sustained=raw.get("sustained") == "1",
             deep=raw.get("deep") == "1",
+            deep_since=float(raw.get("deep_since") or 0),
             version=int(raw.get("version") or 0),
         )
 

@@ -165,6 +165,10 @@ class QueueKeys:
         """HASH {ok, err}: one time bucket of a rung's window (TTL'd)."""
         return self._key(f"breaker:{endpoint}:{rung}:{index}")
 
+    def breaker_paged(self, endpoint: str, deep_since: float) -> str:
+        """STRING, set NX by the monitor that pages for one deep episode (so it pages once)."""
+        return self._key(f"breaker:{endpoint}:paged:{deep_since!r}")
+
     # API keys
     @property
     def api_keys(self) -> str:

@@ -16,7 +16,7 @@ from redis import Redis
 from rq import Queue, Retry
 from rq.queue import EnqueueData
 
-from ops.monitor.actions import ACTIONS, FORWARD_JOBS, restore
+from ops.monitor.actions import ACTIONS, FORWARD_JOBS, page_breaker, restore
 from ops.monitor.hysteresis import Transition
 from shared.policy import HooksPolicy
 from shared.redis_conn import (
@@ -106,6 +106,22 @@ def action_jobs(
             )
         )
     return jobs
+
+
+def page_job(
+    queue_name: str, endpoint: str, deep_since: float, hooks: HooksPolicy, options: JobOptions
+) -> EnqueueData:
+    """The job that pages for one deep breaker episode (retried like the alarm actions)."""
+    return Queue.prepare_data(
+        page_breaker,
+        args=(queue_name, endpoint, deep_since, hooks.model_dump()),
+        timeout=int(hooks.timeout_seconds) + JOB_TIMEOUT_MARGIN,
+        result_ttl=RESULT_TTL,
+        failure_ttl=FAILED_JOB_TTL,
+        description=f"page: breaker of {endpoint} at its deep level (queue {queue_name})",
+        job_id=safe_id(f"{queue_name}-page-{uuid.uuid4().hex[:12]}"),
+        retry=_retry(options.action_retry_intervals),
+    )
 
 
 def callback_job(queue_name: str, ticket_id: str, options: JobOptions) -> EnqueueData:
