@@ -8,7 +8,7 @@ module only decides. Three rungs, each over its own window, none tripping below 
   failure opens it again;
 - sustained: tickets go to a version-matched fallback while it holds;
 - deep: a human is paged, once per episode.
-A rung clears when its window, with enough requests, is back under its threshold.
+A rung clears when its window is back under its threshold, or holds too few requests to judge.
 """
 
 from __future__ import annotations
@@ -113,11 +113,10 @@ def bucket_seconds(policy: BreakerPolicy, name: str) -> float:
     return rung(policy, name).window_seconds / BUCKETS_PER_WINDOW
 
 
-def _tripped(window: Window, level: BreakerLevelPolicy, min_requests: int) -> bool | None:
-    """True above the threshold, False at or under it, None with too few requests to tell."""
-    if window.total < min_requests:
-        return None
-    return window.error_rate > level.error_rate
+def _tripped(window: Window, level: BreakerLevelPolicy, min_requests: int) -> bool:
+    """Above the threshold with enough requests to tell. A rung whose window has emptied (its
+    traffic went to the fallback) clears, so the primary gets traffic again and is judged anew."""
+    return window.total >= min_requests and window.error_rate > level.error_rate
 
 
 def decide(
@@ -150,15 +149,17 @@ def decide(
     flags = {"sustained": state.sustained, "deep": state.deep}
     for name in ("sustained", "deep"):
         verdict = _tripped(windows[name], rung(policy, name), policy.min_requests)
-        if verdict is not None and verdict != flags[name]:
+        if verdict != flags[name]:
             flags[name] = verdict
             transitions.append(f"{name}:{'on' if verdict else 'off'}")
+    deep_since = now if flags["deep"] and not state.deep else state.deep_since
     new = replace(
         state,
         open_until=open_until,
         probe_until=probe_until,
         sustained=flags["sustained"],
         deep=flags["deep"],
+        deep_since=deep_since,
     )
     return new, transitions
 

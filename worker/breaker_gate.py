@@ -65,9 +65,17 @@ class BreakerGate:
             cached = self._cache.get(endpoint)
         if cached is not None and now - cached[0] < CACHE_SECONDS:
             return cached[1]
-        state = self.store.read(endpoint)
+        # Evaluating, not just reading: a rung whose traffic moved to the fallback must be able
+        # to clear although nothing is counted for its endpoint any more.
+        state, transitions = self.store.record(endpoint, None)
         self._remember(endpoint, state)
+        self._log(endpoint, transitions)
         return state
+
+    @staticmethod
+    def _log(endpoint: str, transitions: list[str]) -> None:
+        for transition in transitions:
+            log.warning("breaker %s: %s", endpoint, transition)
 
     def _remember(self, endpoint: str, state: BreakerState) -> None:
         with self._lock:
@@ -131,8 +139,7 @@ class BreakerGate:
         endpoint = endpoint_id(client.base_url)
         state, transitions = self.store.record(endpoint, ok, probe=probe)
         self._remember(endpoint, state)
-        for transition in transitions:
-            log.warning("breaker %s: %s", endpoint, transition)
+        self._log(endpoint, transitions)
 
     # ---- pairing ------------------------------------------------------------------------------
     def pair(self) -> None:

@@ -11,7 +11,6 @@ from redis import Redis
 
 from ops.lab.sim.process import SimulatorProcess
 from shared.models import TicketStatus
-from shared.policy import Policy
 from shared.queue import TicketQueue
 from tests.worker.conftest import RunningWorker, sim_metric, wait_for
 from tests.worker.support import producer_for, submit_many, wait_all_ended, wait_metric
