@@ -212,6 +212,15 @@ class Drill:
         finally:
             client.close()
 
+    def every_circuit_opened(self, since: float) -> bool:
+        """Whether each simulator's breaker has opened since `since` (the error burst's goal)."""
+        opened = {
+            e.get("endpoint")
+            for e in self._events_since(since)
+            if e.get("kind") == "breaker" and e.get("transition") == "instant:opened"
+        }
+        return all(url.split("://", 1)[1] in opened for url in self.stack.vllm_urls)
+
     def _step(self, name: str, step: Callable[[Drill], str], traffic: Traffic) -> None:
         started, answers_before = time.time(), dict(traffic.answers)
         self.out(f"-> {name} ...")

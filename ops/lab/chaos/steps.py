@@ -47,6 +47,10 @@ def sim_crash(drill: Drill) -> str:
     return f"killed sim-gpu1 with SIGKILL, restarted it after {drill.outage_seconds:g} s"
 
 
+BURST_LIMIT_SECONDS = 15.0
+"""The error burst lasts until every endpoint's circuit has opened, but no longer than this."""
+
+
 def _faults(drill: Drill, **fields: object) -> None:
     for url in drill.stack.vllm_urls:
         requests.post(url + "/sim/faults", json=fields, timeout=5).raise_for_status()
@@ -56,10 +60,16 @@ def error_burst(drill: Drill) -> str:
     """Every answer a 503 (late enough that a batch is in flight together) until the breakers open;
     then healthy again, for the half-open probes to close them."""
     _faults(drill, error_rate=1.0, error_status=503, extra_latency_s=0.5)
+    started = time.monotonic()
     time.sleep(drill.outage_seconds)
+    while not drill.every_circuit_opened(since=time.time() - (time.monotonic() - started)):
+        if time.monotonic() - started > BURST_LIMIT_SECONDS:
+            break
+        time.sleep(0.2)
+    held = time.monotonic() - started
     _faults(drill, error_rate=0.0, extra_latency_s=0.0)
     time.sleep(drill.open_seconds + 2.0)
-    return f"both simulators answered 503 for {drill.outage_seconds:g} s"
+    return f"both simulators answered 503 for {held:.0f} s"
 
 
 def slow_answers(drill: Drill) -> str:
