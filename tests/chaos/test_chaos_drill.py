@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 QUICK_BUDGET_SECONDS = 180
+TIDEGATE = [sys.executable, "-c", "from tidegate.cli import main; main()"]
 
 
 @pytest.mark.slow
@@ -19,8 +20,7 @@ QUICK_BUDGET_SECONDS = 180
 def test_quick_drill_balances_the_books_after_every_step(tmp_path: Path) -> None:
     started = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-c", "from tidegate.cli import main; main()", "chaos", "--quick", "--json"]
-        + ["--run-dir", str(tmp_path)],
+        [*TIDEGATE, "chaos", "--quick", "--json", "--run-dir", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=QUICK_BUDGET_SECONDS + 60,
@@ -52,7 +52,7 @@ def test_quick_drill_balances_the_books_after_every_step(tmp_path: Path) -> None
 
 def test_chaos_help_names_the_quick_drill() -> None:
     done = subprocess.run(
-        [sys.executable, "-c", "from tidegate.cli import main; main()", "chaos", "--help"],
+        [*TIDEGATE, "chaos", "--help"],
         capture_output=True,
         text=True,
         timeout=60,

@@ -27,7 +27,7 @@ from shared.shed import ShedCode
 from tests.monitor.support import RqQueues
 from tests.worker.conftest import RunningWorker, sim_metric, wait_for
 from worker.config import WorkerConfig
-from worker.runner import Worker
+from worker.worker import Worker
 
 PRIMARY_MODEL = "qwen-7b:2026.11"
 MATCHED_MODEL = "qwen-7b-replica:2026.11"

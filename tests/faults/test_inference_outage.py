@@ -22,7 +22,7 @@ from shared.queue import TicketQueue
 from shared.shed import ShedCode
 from tests.worker.conftest import RunningWorker, wait_for
 from worker.config import WorkerConfig
-from worker.runner import Worker
+from worker.worker import Worker
 
 SUBMIT_INTERVAL_SECONDS = 0.1
 SHORT_TTL_SECONDS = 3.0

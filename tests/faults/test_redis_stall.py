@@ -29,7 +29,7 @@ from tests.api.server import serve
 from tests.worker.conftest import RunningWorker, wait_for
 from worker.config import WorkerConfig
 from worker.gpu_memory import make_provider
-from worker.runner import Worker
+from worker.worker import Worker
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="no redis-server on PATH")
 

@@ -52,7 +52,9 @@ def test_sustained_and_deep_switch_on_and_clear_with_enough_requests() -> None:
     kept, transitions = decide(state, _windows(sustained=(70, 30), deep=(80, 20)), POLICY, 2.0)
     assert transitions == [] and kept.deep_since == 1.0  # the episode keeps its start
     emptied, transitions = decide(state, _windows(sustained=(0, 2), deep=(80, 20)), POLICY, 2.0)
-    assert transitions == ["sustained:off"] and emptied.deep  # its traffic moved to the fallback: judge it anew
+    assert (
+        transitions == ["sustained:off"] and emptied.deep
+    )  # its traffic moved to the fallback: judge it anew
     cleared, transitions = decide(state, _windows(sustained=(90, 10), deep=(95, 5)), POLICY, 3.0)
     assert transitions == ["sustained:off", "deep:off"] and cleared.level(3.0) is BreakerLevel.CLOSED
 
