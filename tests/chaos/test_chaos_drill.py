@@ -40,7 +40,8 @@ def test_quick_drill_balances_the_books_after_every_step(tmp_path: Path) -> None
     ]
     assert all(s["balanced"] for s in report["steps"]), report["steps"]
     assert "breaker instant:opened" in steps["error burst"]["system"]
-    assert "circuit_open" in steps["error burst"]["system"]
+    # Refusing new tickets needs every primary open at once (tests/faults covers it); here the
+    # two endpoints' circuits open and close on their own clocks.
     assert "503" in steps["Redis stall"]["system"]
     assert (
         "running" not in steps["all tickets ended"]["books"]

@@ -28,7 +28,7 @@ def worker_kill(drill: Drill) -> str:
 
 
 def redis_restart(drill: Drill) -> str:
-    """Stop Redis (its AOF is fsynced on every write) and start it again on its port."""
+    """Stop Redis (a clean shutdown writes its AOF out) and start it again on its port."""
     drill.redis.stop()
     time.sleep(1.0)
     drill.redis.start()
@@ -57,9 +57,11 @@ def _faults(drill: Drill, **fields: object) -> None:
 
 
 def error_burst(drill: Drill) -> str:
-    """Every answer a 503 (late enough that a batch is in flight together) until the breakers open;
-    then healthy again, for the half-open probes to close them."""
-    _faults(drill, error_rate=1.0, error_status=503, extra_latency_s=0.5)
+    """Every answer a 503, the batch in flight included, until the breakers open; then healthy
+    again, for the half-open probes to close them."""
+    _faults(drill, extra_latency_s=1.0)  # a batch builds up in flight ...
+    time.sleep(1.5)
+    _faults(drill, error_rate=1.0, error_status=503, extra_latency_s=0.5)  # ... and fails together
     started = time.monotonic()
     time.sleep(drill.outage_seconds)
     while not drill.every_circuit_opened(since=time.time() - (time.monotonic() - started)):

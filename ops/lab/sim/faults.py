@@ -84,9 +84,10 @@ class FaultInjector:
 
     async def before_request(self) -> int | None:
         """Wait out the extra latency; the status to fail this request with, or None."""
-        faults = self.faults
-        if faults.extra_latency_s > 0:
-            await asyncio.sleep(faults.extra_latency_s)
-        with self._lock:
+        delay = self.faults.extra_latency_s
+        if delay > 0:
+            await asyncio.sleep(delay)
+        with self._lock:  # read again: a fault set while this request waited applies to it, as
+            faults = self._faults  # a server that breaks fails the requests it is holding
             fail = faults.error_rate > 0 and self._rng.random() < faults.error_rate
         return faults.error_status if fail else None
