@@ -160,7 +160,7 @@ class BreakerStore:
 
 
 def refusing(views: list[BreakerView]) -> BreakerView | None:
-    """The breaker that makes admission refuse: every primary endpoint open (the longest one).
+    """The breaker that makes admission refuse: every primary endpoint open (the soonest to reopen).
 
     Half-open does not refuse: new tickets queue while the probe decides, and an endpoint no
     worker probes any more cannot keep the door shut.
@@ -168,4 +168,4 @@ def refusing(views: list[BreakerView]) -> BreakerView | None:
     primaries = [v for v in views if v.info.get("role", "primary") == "primary"]
     if not primaries or any(v.state.phase(v.now) is not Phase.OPEN for v in primaries):
         return None
-    return max(primaries, key=lambda v: v.state.retry_after(v.now))
+    return min(primaries, key=lambda v: v.state.retry_after(v.now))  # the first to take work again

@@ -12,6 +12,7 @@ from shared.breaker import (
     model_version,
     take_probe,
 )
+from shared.breaker_store import BreakerView, refusing
 from shared.policy import BreakerPolicy
 
 POLICY = BreakerPolicy(min_requests=10)
@@ -69,3 +70,15 @@ def test_model_version_is_after_the_last_colon() -> None:
     assert model_version("org/model:v1:2026.12") == "2026.12"
     assert model_version("qwen-72b") is None
     assert endpoint_id("http://127.0.0.1:8000/") == "127.0.0.1:8000"
+
+
+def test_admission_refuses_only_while_every_primary_is_open() -> None:
+    def view(endpoint: str, open_until: float, role: str = "primary") -> BreakerView:
+        return BreakerView(endpoint, BreakerState(open_until=open_until), {"role": role}, 100.0)
+
+    assert refusing([]) is None
+    assert refusing([view("a", 130.0), view("b", 0.0)]) is None  # b still serves
+    assert refusing([view("a", 130.0), view("b", 99.0)]) is None  # b is half-open: probing
+    soonest = refusing([view("a", 130.0), view("b", 110.0), view("f", 0.0, role="fallback")])
+    assert soonest is not None and soonest.endpoint == "b"
+    assert soonest.state.retry_after(soonest.now) == 10.0
