@@ -109,9 +109,9 @@ def connect_async(url: str | None, *, read_timeout: float, max_connections: int 
         max_connections=max_connections,
         timeout=read_timeout,
         decode_responses=True,
-        socket_connect_timeout=5,
+        socket_connect_timeout=CONNECT_TIMEOUT_SECONDS,
         socket_timeout=read_timeout,
         socket_keepalive=True,
-        health_check_interval=30,
+        health_check_interval=HEALTH_CHECK_SECONDS,
     )
     return AsyncRedis(connection_pool=pool)
