@@ -16,6 +16,7 @@ TIDEGATE = [sys.executable, "-c", "from tidegate.cli import main; main()"]
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(QUICK_BUDGET_SECONDS + 60)
 @pytest.mark.skipif(shutil.which("redis-server") is None, reason="no redis-server on PATH")
 def test_quick_drill_balances_the_books_after_every_step(tmp_path: Path) -> None:
     started = time.monotonic()

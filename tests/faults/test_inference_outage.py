@@ -128,6 +128,7 @@ def test_a_short_outage_fails_no_ticket(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(200)
 def test_a_sixty_second_outage_fails_no_ticket(
     sim: SimulatorProcess, redis_client: Redis, fast_policy: Policy, queue_name: str
 ) -> None:

@@ -183,6 +183,7 @@ def test_short_stall_answers_503_in_bound_and_resumes(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(200)
 def test_forty_second_stall(
     private_redis: RedisHandle,
     simulator: Callable[..., SimulatorProcess],
