@@ -16,7 +16,7 @@ from redis import Redis
 
 from ops.lab.sim.process import SimulatorProcess
 from producer.producer import Producer
-from shared.models import TicketStatus
+from shared.models import TicketRequest, TicketStatus
 from shared.policy import BreakerLevelPolicy, BreakerPolicy, InstantPolicy, Policy
 from shared.queue import TicketQueue
 from shared.shed import ShedCode
@@ -26,6 +26,12 @@ from worker.worker import Worker
 
 SUBMIT_INTERVAL_SECONDS = 0.1
 SHORT_TTL_SECONDS = 3.0
+HELD_SHORT_LIVED = 4
+
+
+def _short_lived(i: int) -> TicketRequest:
+    body = {"type": "complaint", "branch_id": "b1", "prompt": f"held {i}", "max_tokens": 8}
+    return TicketRequest.model_validate({**body, "ttl_seconds": SHORT_TTL_SECONDS})
 
 
 def _outage_policy(fast_policy: Policy) -> Policy:
@@ -90,13 +96,16 @@ def _outage(
     assert sim.pid is not None
     port = sim.port
     os.kill(sim.pid, signal.SIGKILL)  # an engine crash: connections refused from now on
+    # Tickets admitted just before the circuit could open, short-lived enough to expire in the outage.
+    waiting = [queue.enqueue(_short_lived(i)).ticket_id for i in range(HELD_SHORT_LIVED)]
     time.sleep(outage_seconds)
     restarted = SimulatorProcess(port=port, time_scale=50).start()
+    recovered_at = time.time()
     try:
-        time.sleep(1.0)
+        time.sleep(policy.breaker.instant.open_seconds + 2.0)  # past the open circuit's probe
         stop.set()
         traffic.join(10)
-        accepted = [tid for tid, result in submitted if result.outcome != "rejected"]
+        accepted = waiting + [tid for tid, result in submitted if result.outcome != "rejected"]
         refused = [result for _, result in submitted if result.outcome == "rejected"]
         tickets = wait_for(
             lambda: (ts := queue.get_many(accepted)) and all(t and t.status.terminal for t in ts) and ts,
@@ -110,10 +119,11 @@ def _outage(
         ]
         assert statuses <= {TicketStatus.DONE, TicketStatus.EXPIRED}
         expired = [t for t in tickets if t and t.status is TicketStatus.EXPIRED]
-        assert expired and all(t.ttl_seconds == SHORT_TTL_SECONDS for t in expired)
+        assert all(t.ttl_seconds == SHORT_TTL_SECONDS for t in expired)
+        assert {t.id for t in expired} >= set(waiting)
         assert refused and {r.code for r in refused} == {ShedCode.CIRCUIT_OPEN}
         done_after = [
-            t for t in tickets if t and t.status is TicketStatus.DONE and t.created_at > time.time() - 3
+            t for t in tickets if t and t.status is TicketStatus.DONE and t.created_at > recovered_at
         ]
         assert done_after, "tickets submitted after recovery finish"
     finally:
