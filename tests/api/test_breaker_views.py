@@ -46,7 +46,8 @@ def test_an_open_breaker_shows_everywhere_and_refuses_new_tickets(
 
     status = run_cli("status", "--json")
     assert status.returncode == 0, status.stderr
-    assert [b["endpoint"] for b in json.loads(status.stdout)["breakers"]] == [ENDPOINT]
+    breakers = json.loads(status.stdout)["breakers"]
+    assert list(breakers) == [ENDPOINT] and breakers[ENDPOINT]["phase"] == "open"
 
     reply = branch.post(
         api.url("/v1/tickets"),

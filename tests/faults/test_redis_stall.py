@@ -55,6 +55,8 @@ def _body(i: int) -> dict[str, Any]:
 def _routes(ticket_id: str) -> list[tuple[str, str, dict[str, Any] | None]]:
     return [
         ("GET", "/healthz", None),
+        ("GET", "/readyz", None),
+        ("GET", "/v1/status", None),
         ("GET", "/v1/queues", None),
         ("POST", "/v1/tickets", _body(99)),
         ("POST", "/v1/tickets/batch", {"tickets": [_body(98)]}),
@@ -66,6 +68,10 @@ def _routes(ticket_id: str) -> list[tuple[str, str, dict[str, Any] | None]]:
         ("POST", "/v1/chat/completions", _chat()),
         ("POST", "/v1/completions", {**_chat(), "messages": None, "prompt": "my card was declined"}),
     ]
+
+
+def _submit_route() -> tuple[str, str, dict[str, Any] | None]:
+    return ("POST", "/v1/tickets", _body(99))
 
 
 def _chat() -> dict[str, Any]:
@@ -139,11 +145,11 @@ def _stall_scenario(
         answers: list[tuple[str, int, str | None, float]] = []
         while time.monotonic() - stalled_at < stall_seconds - ANSWER_BOUND_SECONDS:
             for route in _routes(ids[0]):
-                session = operator if route[1] in ("/v1/queues", "/v1/mode") else branch
+                session = operator if route[1] in ("/v1/queues", "/v1/mode", "/v1/status") else branch
                 status, retry_after, took = _call(session, base, route)
                 answers.append((f"{route[0]} {route[1]}", status, retry_after, took))
         with ThreadPoolExecutor(8) as pool:  # concurrent callers are answered within the bound too
-            burst = list(pool.map(lambda r: _call(branch, base, r), [_routes(ids[0])[2]] * 8))
+            burst = list(pool.map(lambda r: _call(branch, base, r), [_submit_route()] * 8))
         private_redis.child.signal(signal.SIGCONT)
 
         for name, status, retry_after, took in answers:
