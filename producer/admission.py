@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 
 from redis import Redis
 
+from shared.breaker_store import BreakerStore, BreakerView, refusing
 from shared.control import ControlState, Mode, read_control_state
 from shared.keys import QueueKeys
 from shared.models import TicketRequest
@@ -121,21 +122,46 @@ class AdmissionController:
         self.rng = rng or random.Random()
         self._lock = threading.Lock()
         self._cached: tuple[float, ControlState] | None = None
+        self.breakers = BreakerStore(redis, keys, policy.breaker)
+        self._circuit: tuple[float, BreakerView | None] | None = None
 
     def state(self) -> ControlState:
+        # The read happens outside the lock: on a stalled Redis a lock held across it would queue
+        # every concurrent submit behind one read timeout after another.
         with self._lock:
-            now = time.monotonic()
-            if self._cached is not None and now - self._cached[0] < self.cache_seconds:
-                return self._cached[1]
-            state, _ = read_control_state(self.redis, self.keys, self.policy.alarms)
-            self._cached = (now, state)
-            return state
+            cached = self._cached
+        if cached is not None and time.monotonic() - cached[0] < self.cache_seconds:
+            return cached[1]
+        read_at = time.monotonic()
+        state, _ = read_control_state(self.redis, self.keys, self.policy.alarms)
+        with self._lock:
+            self._cached = (read_at, state)
+        return state
 
     def invalidate(self) -> None:
         with self._lock:
             self._cached = None
+            self._circuit = None
+
+    def open_circuit(self) -> BreakerView | None:
+        """The open breaker that refuses new tickets (every primary endpoint open), cached."""
+        with self._lock:
+            cached = self._circuit
+        if cached is not None and time.monotonic() - cached[0] < self.cache_seconds:
+            return cached[1]
+        read_at = time.monotonic()
+        view = refusing(self.breakers.views())
+        with self._lock:
+            self._circuit = (read_at, view)
+        return view
 
     def decide(self, request: TicketRequest) -> Decision:
+        circuit = self.open_circuit()
+        if circuit is not None:  # the endpoint is down for every type: critical ones too
+            state = self.state()
+            return Decision(
+                state.level, state.mode, circuit.state.retry_after(circuit.now), ShedCode.CIRCUIT_OPEN
+            )
         return decide(
             self.policy.type_policy(request.type),
             self.state(),

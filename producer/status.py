@@ -12,6 +12,7 @@ from typing import Any, cast
 from redis import Redis
 
 from shared import clock
+from shared.breaker_store import BreakerStore
 from shared.control import read_control_state, read_events
 from shared.depth_history import read_depth_history
 from shared.keys import QueueKeys
@@ -45,7 +46,7 @@ def worker_doc(worker: WorkerView) -> dict[str, Any]:
 def optional_state(redis: Redis, key: str) -> dict[str, Any] | None:
     """What a feature that may not be deployed keeps at `key` (a hash, or a JSON string); None if absent.
 
-    Breakers and rollouts publish their state under their own keys; until one does, the page says
+    Rollouts publish their state under their own key; until one does, the page says
     "not configured" rather than guessing.
     """
     kind = cast("str | bytes", redis.type(key))
@@ -64,6 +65,12 @@ def _maybe_json(text: str) -> Any:
         return json.loads(text)
     except ValueError:
         return text
+
+
+def _breakers(redis: Redis, keys: QueueKeys, policy: Policy) -> dict[str, Any] | None:
+    """Each endpoint's breaker by endpoint; None until a worker has recorded one."""
+    views = BreakerStore(redis, keys, policy.breaker).views()
+    return {v.endpoint: {k: x for k, x in v.as_dict().items() if k != "endpoint"} for v in views} or None
 
 
 def operator_status(redis: Redis, policy: Policy, queue_name: str) -> dict[str, Any]:
@@ -107,7 +114,7 @@ def operator_status(redis: Redis, policy: Policy, queue_name: str) -> dict[str, 
             "by_code": sheds.by_code,
             "by_type": sheds.by_type_and_code,
         },
-        "breakers": optional_state(redis, keys.breakers),
+        "breakers": _breakers(redis, keys, policy),
         "rollout": optional_state(redis, keys.rollout),
         "history": read_depth_history(redis, keys),
         "events": events[:EVENTS],

@@ -27,7 +27,9 @@ class Settings(BaseSettings):
     )
     vllm_url: str = Field(default="http://127.0.0.1:8000", description="the local vLLM endpoint")
     fallback_vllm_url: str | None = Field(
-        default=None, description="endpoint for tickets routed to the fallback model"
+        default=None,
+        description="fallback endpoints, comma-separated; one is used only while its model version "
+        "matches the primary's",
     )
     policy_file: str | None = None
     gpu_backend: Literal["nvml", "sim", "auto"] = Field(default="auto", description="GPU memory source")

@@ -137,11 +137,6 @@ class QueueKeys:
         return self._key("depth-history")
 
     @property
-    def breakers(self) -> str:
-        """Circuit-breaker state per inference endpoint, read by the status page when present."""
-        return self._key("breakers")
-
-    @property
     def rollout(self) -> str:
         """The model rollout's state, read by the status page when present."""
         return self._key("rollout")
@@ -155,6 +150,24 @@ class QueueKeys:
     def worker(self, worker_id: str) -> str:
         """HASH with the worker's host, GPU, model, in-flight count, batch limit, KV usage (TTL'd)."""
         return self._key(f"worker:{worker_id}")
+
+    # Circuit breakers (shared/breaker.py)
+    @property
+    def breakers(self) -> str:
+        """SET of the endpoints that have a breaker state (each in `breaker(endpoint)`)."""
+        return self._key("breakers")
+
+    def breaker(self, endpoint: str) -> str:
+        """HASH: one endpoint's breaker state (open_until, probe_until, sustained, deep, version, …)."""
+        return self._key(f"breaker:{endpoint}")
+
+    def breaker_bucket(self, endpoint: str, rung: str, index: int) -> str:
+        """HASH {ok, err}: one time bucket of a rung's window (TTL'd)."""
+        return self._key(f"breaker:{endpoint}:{rung}:{index}")
+
+    def breaker_paged(self, endpoint: str, deep_since: float) -> str:
+        """STRING, set NX by the monitor that pages for one deep episode (so it pages once)."""
+        return self._key(f"breaker:{endpoint}:paged:{deep_since!r}")
 
     # API keys
     @property

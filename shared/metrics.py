@@ -36,6 +36,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from shared import clock
+from shared.breaker_store import BreakerStore, BreakerView
 from shared.control import Mode, read_control_state
 from shared.keys import QueueKeys
 from shared.live_workers import WorkerView, read_live_workers
@@ -172,6 +173,7 @@ class RedisStateCollector(Collector):
         out += self._tickets(stats.counts)
         out.append(_gauge("tidegate_workers_alive", "Workers with a live heartbeat.", len(workers)))
         out += _worker_families(workers)
+        out += _breaker_families(BreakerStore(self.redis, self.keys, self.policy.breaker).views())
         return out
 
     def _tickets(self, counts: dict[str, int]) -> list[Metric]:
@@ -196,6 +198,25 @@ class RedisStateCollector(Collector):
             else:
                 family.add_metric([ticket_type, outcome], value)
         return [family, arrivals]
+
+
+def _breaker_families(views: list[BreakerView]) -> list[Metric]:
+    level = GaugeMetricFamily(
+        "tidegate_breaker_level",
+        "Circuit breaker per inference endpoint: 0 closed, 1 instant (open), 2 sustained, 3 deep.",
+        labels=["endpoint", "role"],
+    )
+    mismatch = GaugeMetricFamily(
+        "tidegate_fallback_version_mismatch",
+        "1 for a fallback whose model version differs from the primary's (it is never used).",
+        labels=["endpoint"],
+    )
+    for view in views:
+        summary = view.as_dict()
+        level.add_metric([view.endpoint, summary["role"]], summary["level_value"])
+        if summary["role"] == "fallback":
+            mismatch.add_metric([view.endpoint], 1 if summary["fallback"] == "mismatched" else 0)
+    return [level, mismatch]
 
 
 def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:

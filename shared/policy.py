@@ -186,6 +186,38 @@ class CallbacksPolicy(_Strict):
         return tuple(e.strip("[]").lower() for e in entries)
 
 
+class BreakerLevelPolicy(_Strict):
+    """One rung of the breaker ladder: trips when the window's error rate is above `error_rate`."""
+
+    window_seconds: float = Field(gt=0, le=86_400)
+    error_rate: float = Field(gt=0, lt=1)
+
+
+class InstantPolicy(BreakerLevelPolicy):
+    window_seconds: float = Field(default=1.0, gt=0, le=86_400)
+    error_rate: float = Field(default=0.30, gt=0, lt=1)
+    open_seconds: float = Field(default=30.0, gt=0, le=3600)
+
+
+class BreakerPolicy(_Strict):
+    """The circuit-breaker ladder of CONTRACT.md: instant refuses, sustained falls back, deep pages."""
+
+    min_requests: int = Field(default=10, ge=1, description="fewer requests in a window never trip it")
+    instant: InstantPolicy = Field(default_factory=InstantPolicy)
+    sustained: BreakerLevelPolicy = Field(
+        default_factory=lambda: BreakerLevelPolicy(window_seconds=60, error_rate=0.20)
+    )
+    deep: BreakerLevelPolicy = Field(
+        default_factory=lambda: BreakerLevelPolicy(window_seconds=300, error_rate=0.15)
+    )
+
+
+class ModelsPolicy(_Strict):
+    """The model version primary and fallback must both serve; unset: the primary's, as it reports."""
+
+    version: str | None = Field(default=None, min_length=1)
+
+
 class Policy(_Strict):
     queue: QueuePolicy = Field(default_factory=QueuePolicy)
     types: dict[str, TypePolicy]
@@ -193,6 +225,8 @@ class Policy(_Strict):
     hooks: HooksPolicy = Field(default_factory=HooksPolicy)
     memory: MemoryPolicy = Field(default_factory=MemoryPolicy)
     callbacks: CallbacksPolicy = Field(default_factory=CallbacksPolicy)
+    breaker: BreakerPolicy = Field(default_factory=BreakerPolicy)
+    models: ModelsPolicy = Field(default_factory=ModelsPolicy)
 
     @model_validator(mode="after")
     def _has_types(self) -> Policy:

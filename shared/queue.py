@@ -18,9 +18,13 @@ from shared import clock
 from shared.keys import WAKE_LIST_CAP, QueueKeys
 from shared.models import Ticket, TicketRequest
 from shared.policy import Policy
+from shared.redis_conn import blocking_client
 from shared.scripts import Scripts
 from shared.shed import ShedCode
 from shared.submission import EnqueueOptions, EnqueueResult, Submission
+
+MAX_BLOCK_SECONDS = 10.0
+"""The longest blocking wait for work, so a lost connection is noticed within it."""
 
 __all__ = ["ClaimedTicket", "EnqueueOptions", "EnqueueResult", "QueueStats", "ReapResult", "TicketQueue"]
 
@@ -65,6 +69,7 @@ class TicketQueue:
         self.keys = QueueKeys(queue_name)
         self.scripts = Scripts.register(redis)
         self.submission = Submission(policy, self.keys, self.scripts)
+        self._blocking: Redis | None = None
 
     # ---- producer side --------------------------------------------------------------------
     def build_ticket(self, request: TicketRequest, *, now: float | None = None) -> Ticket:
@@ -170,8 +175,21 @@ class TicketQueue:
         return out
 
     def wait_for_work(self, timeout: float) -> bool:
-        """Block (no polling) until a producer signals new work or `timeout` seconds pass."""
-        return self.redis.blpop([self.keys.wake], timeout=max(timeout, 0.01)) is not None
+        """Block (no polling) until a producer signals new work or `timeout` seconds pass.
+
+        At most `MAX_BLOCK_SECONDS`, on a client of its own whose read timeout covers that wait,
+        so the pop neither trips the ordinary read timeout nor hangs on a stalled Redis.
+        """
+        if self._blocking is None:
+            self._blocking = blocking_client(self.redis, MAX_BLOCK_SECONDS)
+        wait = min(max(timeout, 0.01), MAX_BLOCK_SECONDS)
+        return self._blocking.blpop([self.keys.wake], timeout=wait) is not None
+
+    def close(self) -> None:
+        """Close the blocking pop's client (the caller owns `redis`)."""
+        if self._blocking is not None:
+            self._blocking.close()
+            self._blocking = None
 
     def wake_workers(self) -> None:
         """Leave one wake-up marker, as a new ticket does, so an idle worker looks at the queue now."""

@@ -15,7 +15,18 @@ from redis import Redis
 from redis.commands.core import Script
 
 _INCLUDE = re.compile(r"^-- @include (\w+)\s*$", re.MULTILINE)
-SCRIPT_NAMES = ("enqueue", "claim", "finish", "retry", "extend", "cancel", "reap", "read")
+SCRIPT_NAMES = (
+    "enqueue",
+    "claim",
+    "finish",
+    "retry",
+    "extend",
+    "cancel",
+    "reap",
+    "read",
+    "breaker_record",
+    "breaker_commit",
+)
 
 
 @cache
@@ -42,6 +53,8 @@ class Scripts:
     cancel: Script
     reap: Script
     read: Script
+    breaker_record: Script
+    breaker_commit: Script
 
     @classmethod
     def register(cls, redis: Redis) -> Scripts:

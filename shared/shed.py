@@ -23,6 +23,7 @@ class ShedCode(StrEnum):
     QUEUE_ORANGE = "queue_orange"
     TYPE_CAP = "type_cap_reached"
     BRANCH_SHARE = "branch_share_exceeded"
+    CIRCUIT_OPEN = "circuit_open"
 
     @property
     def error_type(self) -> str:
@@ -49,6 +50,7 @@ _CAUSES: dict[ShedCode, str] = {
         "your branch already holds its fair share of the {cap} {label} requests we hold at once, "
         "while other branches are waiting (the cap divided by the branches with requests waiting)"
     ),
+    ShedCode.CIRCUIT_OPEN: "the inference service is failing and is paused while it recovers",
 }
 
 

@@ -19,6 +19,7 @@ import redis
 from shared.queue import ClaimedTicket, TicketQueue
 from worker import telemetry
 from worker.batch_sizer import BatchSizer
+from worker.breaker_gate import BreakerGate, Gate
 from worker.headroom import CriticalHeadroom
 from worker.inflight import InFlight, RunningTicket
 from worker.latency_guard import LatencyGuard
@@ -48,6 +49,7 @@ class ClaimLoop:
         burst: bool,
         headroom: CriticalHeadroom | None = None,
         latency_guard: LatencyGuard | None = None,
+        breakers: BreakerGate | None = None,
     ) -> None:
         self.queue = queue
         self.worker_id = worker_id
@@ -63,7 +65,9 @@ class ClaimLoop:
         self.burst = burst
         self.headroom = headroom or NO_HEADROOM
         self.latency_guard = latency_guard
+        self.breakers = breakers
         self.claimed_total = 0
+        self._probe = False
 
     def run(self) -> None:
         """Claim and start tickets until `stop` is set (or, in burst mode, the queue is drained)."""
@@ -81,8 +85,15 @@ class ClaimLoop:
         if pause > 0:
             self.stop.wait(min(pause, self.block_seconds))
             return False
+        self._probe = False
+        gate = self.breakers.claim_gate() if self.breakers is not None else (Gate.GO, 0.0)
+        if gate[0] is Gate.WAIT:
+            # The circuit is open: tickets stay queued (their TTL runs) instead of failing.
+            self.stop.wait(min(max(gate[1], 0.05), self.block_seconds))
+            return False
         running = self.inflight.count()
-        limit = 1 if self.health.failing else self.sizer.limit
+        half_open = gate[0] is Gate.PROBE
+        limit = 1 if self.health.failing or half_open else self.sizer.limit
         free = limit - running
         if free <= 0:
             self.inflight.wait_for_departure(self.block_seconds)
@@ -91,6 +102,11 @@ class ClaimLoop:
         if budget is not None and budget <= 0 and running > 0:
             self.inflight.wait_for_departure(self.block_seconds)
             return False
+        if half_open:
+            if self.breakers is None or not self.breakers.take_probe():
+                self.stop.wait(min(0.5, self.block_seconds))  # another worker is probing
+                return False
+            self._probe = True
         shares = self.headroom.split(
             limit,
             running,
@@ -110,12 +126,20 @@ class ClaimLoop:
         if claimed:
             self._start_all(claimed)
             return False
+        if self._probe and self.breakers is not None:
+            self.breakers.release_probe()  # nothing to probe with: let the next claimer try
         return self._idle(running, budget)
 
     def _start_all(self, claimed: list[ClaimedTicket]) -> None:
         for item in claimed:
             self.claimed_total += 1
-            running = RunningTicket(item.ticket, item.token, self.gpu)
+            running = RunningTicket(
+                item.ticket,
+                item.token,
+                self.gpu,
+                probe=self._probe,
+                healthy=not self._probe and not self.health.failing,
+            )
             if not self.inflight.add(running):
                 self.writer.give_back(running, "worker shutting down before the ticket started")
                 continue

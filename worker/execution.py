@@ -10,9 +10,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+import redis
+
 from shared.logs import ticket_fields
 from shared.policy import Policy
 from worker import telemetry
+from worker.breaker_gate import BreakerGate
 from worker.inflight import AbortReason, InFlight, RunningTicket
 from worker.latency_guard import LatencyGuard
 from worker.live_publisher import LivePublisher
@@ -49,11 +52,23 @@ class Executor:
     degraded: bool = False
     """Set by the housekeeping thread from the monitor's published state."""
     latency_guard: LatencyGuard | None = None
+    breakers: BreakerGate | None = None
 
     def client_for(self, running: RunningTicket) -> VllmClient:
-        if running.ticket.route == "fallback" and self.fallback is not None:
+        routed = running.ticket.route == "fallback"
+        if self.breakers is not None:
+            return self.breakers.client_for(routed, running.probe)
+        if routed and self.fallback is not None:
             return self.fallback
         return self.primary
+
+    def _record(self, client: VllmClient, running: RunningTicket, ok: bool) -> None:
+        if self.breakers is None:
+            return
+        try:
+            self.breakers.record(client, ok, probe=running.probe)
+        except redis.RedisError as exc:  # the answer still counts; only the breaker misses one sample
+            log.warning("breaker: could not count an outcome of %s (%s)", client.base_url, exc)
 
     def __call__(self, running: RunningTicket) -> None:
         try:
@@ -96,6 +111,7 @@ class Executor:
             return
         except VllmError as error:
             telemetry.count_vllm_error(self.worker_id, error.kind.value)
+            self._record(client, running, ok=not error.transient)
             if error.transient:
                 pause = self.health.failure(error.retry_after)
                 log.warning(
@@ -108,7 +124,9 @@ class Executor:
                     extra=ticket_fields(running.ticket, self.worker_id),
                 )
                 message = f"{error.kind.value}: {error.message}"
-                outcome = self.writer.retry(running, message, retry_after=error.retry_after)
+                outcome = self.writer.retry(
+                    running, message, retry_after=error.retry_after, count_attempt=running.healthy
+                )
                 if live is not None:
                     self._publish_outcome(live, outcome, message)
             else:
@@ -118,6 +136,7 @@ class Executor:
                     live.end("failed", error=message)
             return
         self.health.success()
+        self._record(client, running, ok=True)
         if not self.writer.done(running, completion):
             return
         if live is not None:

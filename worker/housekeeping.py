@@ -3,7 +3,8 @@
 - reap every second (lock-guarded in Redis, so many workers calling it cost one sweep);
 - sample GPU memory and vLLM's `/metrics` every `resize_seconds` and recompute the batch limit;
 - read whether service is degraded (the control state admission reads; caps max_tokens);
-- write the heartbeat with the figures the monitor and admission read.
+- write the heartbeat with the figures the monitor and admission read;
+- read every endpoint's served model every 30 s, to pair fallbacks by model version.
 A failure of one chore is logged and retried on the next round; it never stops the others.
 """
 
@@ -30,6 +31,8 @@ from worker.vllm_metrics import VllmMetrics, VllmMetricsError, scrape
 log = logging.getLogger(__name__)
 
 REAP_INTERVAL_SECONDS = 1.0
+PAIR_INTERVAL_SECONDS = 30.0
+"""How often each endpoint's /v1/models is read again to check the fallback's model version."""
 
 
 @dataclass
@@ -57,6 +60,7 @@ class Housekeeping:
         info: Callable[[], dict[str, str | int | float | None]],
         on_degraded: Callable[[bool], None],
         latency_guard: LatencyGuard | None = None,
+        pair_fallbacks: Callable[[], None] | None = None,
     ) -> None:
         self.queue = queue
         self.worker_id = worker_id
@@ -71,6 +75,7 @@ class Housekeeping:
         self.info = info
         self.on_degraded = on_degraded
         self.latency_guard = latency_guard
+        self.pair_fallbacks = pair_fallbacks
         self.observed = Observed()
         self._failing: set[str] = set()
         self.session = requests.Session()
@@ -88,8 +93,12 @@ class Housekeeping:
 
     def _loop(self) -> None:
         next_resize = next_beat = next_reap = 0.0
+        next_pair = time.monotonic() + PAIR_INTERVAL_SECONDS  # the worker paired once at start
         while not self._stop.is_set():
             now = time.monotonic()
+            if self.pair_fallbacks is not None and now >= next_pair:
+                self._guard("fallback pairing", self.pair_fallbacks)
+                next_pair = now + PAIR_INTERVAL_SECONDS
             if now >= next_reap:
                 self._guard("reap", self.reap)
                 next_reap = now + REAP_INTERVAL_SECONDS
@@ -101,6 +110,10 @@ class Housekeeping:
                 next_beat = now + self.heartbeat_seconds
             wake = min(next_reap, next_resize, next_beat) - time.monotonic()
             self._stop.wait(max(wake, 0.01))
+
+    def guarded(self, chore: str, action: Callable[[], object]) -> None:
+        """Run one chore now; a failure is logged, never raised."""
+        self._guard(chore, action)
 
     def _guard(self, chore: str, action: Callable[[], object]) -> None:
         try:

@@ -34,6 +34,11 @@ class RunningTicket:
     gpu: int
     handle: RequestHandle = field(default_factory=RequestHandle)
     claimed_at: float = field(default_factory=time.monotonic)
+    probe: bool = False
+    """Sent as the half-open probe of the primary's breaker."""
+    healthy: bool = True
+    """Whether its endpoint was considered healthy when it was claimed: only then does a failure
+    spend one of its attempts (an outage is not the ticket's fault)."""
 
     @property
     def id(self) -> str:

@@ -56,8 +56,16 @@ class ResultWriter:
             )
         return written
 
-    def retry(self, running: RunningTicket, error: str, *, retry_after: float | None = None) -> str:
-        """Back to the queue after a transient failure, with backoff; the attempt counts."""
+    def retry(
+        self,
+        running: RunningTicket,
+        error: str,
+        *,
+        retry_after: float | None = None,
+        count_attempt: bool = True,
+    ) -> str:
+        """Back to the queue after a transient failure, with backoff; the attempt counts unless the
+        endpoint was already considered unhealthy when the ticket was sent."""
         backoff = self.queue.backoff_seconds(running.ticket.attempts)
         if retry_after is not None:
             backoff = max(backoff, retry_after)
@@ -67,6 +75,7 @@ class ResultWriter:
             running.ticket.type,
             error,
             backoff=backoff,
+            count_attempt=count_attempt,
             attempts=running.ticket.attempts,
         )
         log.info(

@@ -236,6 +236,13 @@ class VllmClient:
         """The served model's name from `/v1/models` (the first one), remembered for later calls."""
         if self._model:
             return self._model
+        served = self.served_model(timeout)
+        with self._lock:
+            self._model = served
+        return served
+
+    def served_model(self, timeout: float = 5.0) -> str:
+        """Ask `/v1/models` now: the breaker pairs fallbacks by the version it names."""
         url = self.base_url + "/v1/models"
         try:
             response = self.session.get(url, timeout=(self.connect_timeout, timeout))
@@ -246,9 +253,7 @@ class VllmClient:
         data = response.json().get("data") or []
         if not data:
             raise VllmError(ErrorKind.PROTOCOL, f"{url} lists no served model")
-        with self._lock:
-            self._model = str(data[0]["id"])
-        return self._model
+        return str(data[0]["id"])
 
     def build_request(self, ticket: Ticket, max_tokens: int) -> tuple[str, dict[str, Any]]:
         """The endpoint path and body for `ticket`: chat when it has messages, completion otherwise.

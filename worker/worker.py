@@ -25,9 +25,11 @@ from concurrent.futures import ThreadPoolExecutor
 from redis import Redis
 
 from shared import clock
+from shared.breaker_store import BreakerStore
 from shared.policy import Policy
 from shared.queue import TicketQueue
 from worker.batch_sizer import BatchSizer
+from worker.breaker_gate import BreakerGate, fallback_urls
 from worker.claim_loop import ClaimLoop
 from worker.config import WorkerConfig
 from worker.execution import Executor
@@ -76,10 +78,12 @@ class Worker:
             base_seconds=base, max_seconds=max(policy.queue.retry_backoff_max_seconds, base)
         )
         self.primary = VllmClient(config.vllm_url, model=config.model, pool_size=config.max_batch)
-        self.fallback = (
-            VllmClient(config.fallback_vllm_url, pool_size=config.max_batch)
-            if config.fallback_vllm_url
-            else None
+        self.fallbacks = [
+            VllmClient(url, pool_size=config.max_batch) for url in fallback_urls(config.fallback_vllm_url)
+        ]
+        self.fallback = self.fallbacks[0] if self.fallbacks else None
+        self.breakers = BreakerGate(
+            BreakerStore(redis, self.queue.keys, policy.breaker), policy, self.primary, self.fallbacks
         )
         self.writer = ResultWriter(self.queue, config.worker_id)
         headroom = CriticalHeadroom(share=config.critical_headroom)
@@ -99,6 +103,7 @@ class Worker:
             writer=self.writer,
             inflight=self.inflight,
             latency_guard=self.latency_guard,
+            breakers=self.breakers,
         )
         self.pool = ThreadPoolExecutor(max_workers=config.max_batch, thread_name_prefix="ticket")
         self.claim_loop = ClaimLoop(
@@ -116,6 +121,7 @@ class Worker:
             burst=config.burst,
             headroom=headroom,
             latency_guard=self.latency_guard,
+            breakers=self.breakers,
         )
         self.leases = LeaseKeeper(self.queue, self.inflight, config.lease_seconds)
         self.registry = WorkerRegistry(redis, self.queue.keys, config.worker_id, config.heartbeat_seconds)
@@ -133,6 +139,7 @@ class Worker:
             info=self._registry_info,
             on_degraded=self._set_degraded,
             latency_guard=self.latency_guard,
+            pair_fallbacks=self.breakers.pair,
         )
         self.started_at = clock.now()
         self.draining = False
@@ -164,6 +171,7 @@ class Worker:
         )
         self.housekeeping.resize()
         self.housekeeping.heartbeat()
+        self.housekeeping.guarded("fallback pairing", self.breakers.pair)
         self.leases.start()
         self.housekeeping.start()
         claimer = threading.Thread(target=self._claim_then_signal, name="claim-loop", daemon=True)
@@ -207,9 +215,10 @@ class Worker:
             self.registry.deregister()
         except Exception as exc:  # Redis gone: the heartbeat TTL removes us anyway
             log.warning("could not leave the registry (%s); the heartbeat TTL will", exc)
+        self.queue.close()
         self.primary.close()
-        if self.fallback is not None:
-            self.fallback.close()
+        for fallback in self.fallbacks:
+            fallback.close()
         log.info("worker %s stopped", self.config.worker_id)
 
     # ---- pieces ---------------------------------------------------------------------------------

@@ -119,3 +119,28 @@ def restore(queue_name: str, level: str, desired_workers: int, hooks: dict[str, 
 
 
 FORWARD_JOBS = {AlarmLevel.YELLOW: scale_out, AlarmLevel.ORANGE: degrade, AlarmLevel.RED: reject_mode}
+
+
+def page_breaker(queue_name: str, endpoint: str, deep_since: float, hooks: dict[str, Any]) -> str:
+    """Deep breaker level: page a human through the notify hook, once per episode."""
+    conn = _connection()
+    keys = QueueKeys(queue_name)
+    policy = HooksPolicy.model_validate(hooks)
+    payload: dict[str, str | int | float] = {
+        "event": "breaker_deep",
+        "queue": queue_name,
+        "level": "deep",
+        "endpoint": endpoint,
+        "since": deep_since,
+        "at": clock.now(),
+    }
+    if not policy.notify_hook:
+        detail = "no notify_hook configured"
+    else:
+        try:
+            detail = run_hook("notify_hook", policy.notify_hook, payload, policy.timeout_seconds)
+        except HookFailed as exc:
+            append_event(conn, keys, "page", endpoint=endpoint, state="failed", detail=str(exc))
+            raise
+    append_event(conn, keys, "page", endpoint=endpoint, state="done", detail=detail)
+    return detail

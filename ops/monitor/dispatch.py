@@ -12,17 +12,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import redis
 from redis import Redis
-from redis.backoff import ExponentialBackoff
-from redis.retry import Retry as RedisRetry
 from rq import Queue, Retry
 from rq.queue import EnqueueData
 
-from ops.monitor.actions import ACTIONS, FORWARD_JOBS, restore
+from ops.monitor.actions import ACTIONS, FORWARD_JOBS, page_breaker, restore
 from ops.monitor.hysteresis import Transition
 from shared.policy import HooksPolicy
-from shared.redis_conn import resolve_redis_url
+from shared.redis_conn import (
+    CONNECT_TIMEOUT_SECONDS,
+    HEALTH_CHECK_SECONDS,
+    READ_TIMEOUT_SECONDS,
+    connection_retry,
+    resolve_redis_url,
+)
 
 ACTIONS_QUEUE = "tidegate-actions"
 CALLBACKS_QUEUE = "tidegate-callbacks"
@@ -47,15 +50,16 @@ class JobOptions:
 def rq_connection(redis_url: str | None) -> Redis:
     """A client for rq: it stores pickled jobs, so replies must stay bytes (no decode_responses).
 
-    It retries connection errors like the queue's own client, so a Redis restart is survived.
+    It retries connection errors and times out reads like the queue's own client; rq's worker
+    raises the read timeout itself above its blocking pop's.
     """
     return Redis.from_url(
         resolve_redis_url(redis_url),
-        socket_connect_timeout=5,
+        socket_connect_timeout=CONNECT_TIMEOUT_SECONDS,
+        socket_timeout=READ_TIMEOUT_SECONDS,
         socket_keepalive=True,
-        health_check_interval=30,
-        retry=RedisRetry(ExponentialBackoff(cap=2.0, base=0.05), retries=6),
-        retry_on_error=[redis.ConnectionError, redis.TimeoutError],
+        health_check_interval=HEALTH_CHECK_SECONDS,
+        retry=connection_retry(),
     )
 
 
@@ -102,6 +106,22 @@ def action_jobs(
             )
         )
     return jobs
+
+
+def page_job(
+    queue_name: str, endpoint: str, deep_since: float, hooks: HooksPolicy, options: JobOptions
+) -> EnqueueData:
+    """The job that pages for one deep breaker episode (retried like the alarm actions)."""
+    return Queue.prepare_data(
+        page_breaker,
+        args=(queue_name, endpoint, deep_since, hooks.model_dump()),
+        timeout=int(hooks.timeout_seconds) + JOB_TIMEOUT_MARGIN,
+        result_ttl=RESULT_TTL,
+        failure_ttl=FAILED_JOB_TTL,
+        description=f"page: breaker of {endpoint} at its deep level (queue {queue_name})",
+        job_id=safe_id(f"{queue_name}-page-{uuid.uuid4().hex[:12]}"),
+        retry=_retry(options.action_retry_intervals),
+    )
 
 
 def callback_job(queue_name: str, ticket_id: str, options: JobOptions) -> EnqueueData:

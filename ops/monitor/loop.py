@@ -21,7 +21,7 @@ import redis
 from redis import Redis
 from rq import Queue
 
-from ops.monitor.dispatch import JobOptions, action_jobs
+from ops.monitor.dispatch import JobOptions, action_jobs, page_job
 from ops.monitor.hysteresis import AlarmTracker, Transition
 from ops.monitor.leader import Leadership, new_monitor_id
 from ops.monitor.memory_guard import MemoryGuard, MemoryReading, read_memory
@@ -29,10 +29,14 @@ from ops.monitor.outbox import OutboxDrainer
 from ops.monitor.sampler import Sample, Sampler
 from ops.monitor.scaling import ScalingConfig, desired_workers
 from shared import clock
+from shared.breaker_store import BreakerStore
 from shared.control import append_event
 from shared.depth_history import append_depth
 from shared.policy import AlarmLevel, Policy
 from shared.queue import TicketQueue
+
+PAGE_CLAIM_SECONDS = 7 * 86_400
+"""How long the claim on one deep episode's page is kept (an episode is named by its start)."""
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +128,7 @@ class Monitor:
         self.leadership = Leadership(client, self.keys, self.monitor_id, self.config.lock_ttl_seconds)
         self.actions_queue = Queue(self.config.jobs.actions_queue, connection=rq_conn)
         self.outbox = OutboxDrainer(rq_conn, queue_name, self.config.jobs)
+        self.breakers = BreakerStore(client, self.keys, policy.breaker)
         self.tracker: AlarmTracker | None = None
         """The alarm state while acting; rebuilt from what Redis holds on taking over."""
         self.memory_guard = MemoryGuard(policy.memory)
@@ -188,10 +193,32 @@ class Monitor:
                 memory.used_bytes,
                 memory.budget_bytes,
             )
+        self._page_deep_breakers()
         handed = self.outbox.drain(self.config.outbox_batch)
         return TickResult(
             at, True, tracker.level, sample, desired, transitions, handed, memory=memory, memory_guard=guard
         )
+
+    def _page_deep_breakers(self) -> None:
+        """One page per deep episode of an endpoint's breaker, whichever monitor sees it first."""
+        for view in self.breakers.views():
+            if not view.state.deep or view.state.deep_since <= 0:
+                continue
+            claim = self.keys.breaker_paged(view.endpoint, view.state.deep_since)
+            if not self.redis.set(claim, self.monitor_id, nx=True, ex=PAGE_CLAIM_SECONDS):
+                continue
+            log.error("breaker %s is at its deep level: paging", view.endpoint)
+            self.actions_queue.enqueue_many(
+                [
+                    page_job(
+                        self.queue_name,
+                        view.endpoint,
+                        view.state.deep_since,
+                        self.policy.hooks,
+                        self.config.jobs,
+                    )
+                ]
+            )
 
     def _desired(self, sample: Sample) -> int:
         return desired_workers(

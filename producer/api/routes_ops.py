@@ -12,6 +12,7 @@ from producer.api.errors import UNAUTHORIZED, UNREADABLE, error_responses
 from producer.api.schemas import (
     MODE_BODY_EXAMPLES,
     AlarmLabel,
+    BreakerSummary,
     HealthView,
     LiveView,
     ModeBody,
@@ -72,6 +73,7 @@ def read_queues(context: Context, principal: Caller) -> QueuesView:
             for name, type_policy in context.policy.types.items()
         },
         workers=WorkersView(alive=len(workers), desired=state.desired_workers, details=details),
+        breakers=[BreakerSummary(**view.as_dict()) for view in context.producer.admission.breakers.views()],
     )
 
 

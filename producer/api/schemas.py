@@ -280,6 +280,20 @@ class WorkersView(BaseModel):
     details: list[WorkerSummary] | None = Field(default=None, description="operator keys only")
 
 
+class BreakerSummary(BaseModel):
+    endpoint: str
+    role: str = Field(description="primary or fallback")
+    level: Literal["closed", "instant", "sustained", "deep"]
+    level_value: int = Field(description="0 closed, 1 instant (open or half-open), 2 sustained, 3 deep")
+    phase: Literal["closed", "open", "half_open"]
+    retry_after: float = Field(description="seconds until the circuit takes work again; 0 when closed")
+    sustained: bool
+    deep: bool
+    model: str
+    version: str
+    fallback: str = Field(description="a fallback's pairing: matched, mismatched, unknown (else empty)")
+
+
 class QueuesView(BaseModel):
     queue: str
     level: AlarmLabel
@@ -290,6 +304,7 @@ class QueuesView(BaseModel):
     drain_rate: float | None = Field(description="tickets per second the workers finish, recently")
     types: dict[str, TypeDepth]
     workers: WorkersView
+    breakers: list[BreakerSummary] = Field(default_factory=list)
 
 
 class ModeBody(BaseModel):

@@ -11,9 +11,11 @@ from redis import Redis
 from producer.api.app import create_app
 from producer.producer import Producer
 from shared import clock
+from shared.breaker_store import BreakerStore
 from shared.config import Settings
 from shared.control import Mode, set_mode
 from shared.depth_history import append_depth, read_depth_history
+from shared.policy import load_policy
 from shared.shed import ShedCode
 from shared.shed_log import recent_sheds
 from tests.api.conftest import Api
@@ -34,11 +36,19 @@ def test_status_needs_an_operator_key(api: Api, branch_key: str, operator_key: s
     assert set(doc["depth_by_type"]) == set(doc["caps"])
 
 
-def test_breaker_state_in_redis_is_shown_as_it_is(api: Api, operator_key: str, redis_client: Redis) -> None:
-    redis_client.hset(api.queue_keys.breakers, "http://vllm-a:8000", '{"level": "instant", "open": true}')
+def test_breaker_state_in_redis_is_shown_by_endpoint(
+    api: Api, operator_key: str, redis_client: Redis
+) -> None:
+    store = BreakerStore(redis_client, api.queue_keys, load_policy().breaker)
+    for _ in range(load_policy().breaker.min_requests):
+        store.record("vllm-a:8000", False)
     with api.session(operator_key) as operator:
         doc = operator.get(api.url("/v1/status"), timeout=5).json()
-    assert doc["breakers"] == {"http://vllm-a:8000": {"level": "instant", "open": True}}
+    assert list(doc["breakers"]) == ["vllm-a:8000"]
+    assert (doc["breakers"]["vllm-a:8000"]["phase"], doc["breakers"]["vllm-a:8000"]["role"]) == (
+        "open",
+        "primary",
+    )
 
 
 def test_the_page_and_its_assets_come_from_the_package(api: Api) -> None:

@@ -43,6 +43,8 @@ _TIDEGATE_GAUGES = {
     "tidegate_redis_memory_used_bytes",
     "tidegate_redis_memory_budget_bytes",
     "tidegate_build_info",
+    "tidegate_breaker_level",
+    "tidegate_fallback_version_mismatch",
 }
 _TIDEGATE_COUNTERS = {
     "tidegate_tickets_total",

@@ -54,6 +54,8 @@ def test_help_lists_the_flags() -> None:
         ),
         (["--kv-blocks", "100000"], "--kv-blocks=100000 does not fit on a NVIDIA A100-SXM4-80GB"),
         (["--oom-mode", "explode"], "explode"),
+        (["--error-rate", "2"], "--error-rate: error_rate=2.0 is not accepted"),
+        (["--error-status", "200"], "--error-status: error_status=200 is not accepted"),
     ],
 )
 def test_bad_flags_exit_2_naming_the_flag(args: list[str], message: str) -> None:

@@ -58,6 +58,16 @@ def sim_vllm(
     stop_median_tokens: Annotated[
         int | None, typer.Option(help="Median answer length when max_tokens does not cut it first.")
     ] = None,
+    error_rate: Annotated[
+        float,
+        typer.Option(
+            help="Share of completions answered with --error-status (0-1); POST /sim/faults changes it."
+        ),
+    ] = 0.0,
+    error_status: Annotated[int, typer.Option(help="HTTP status of an injected error (400-599).")] = 500,
+    extra_latency_s: Annotated[
+        float, typer.Option(help="Wall-clock seconds added before every completion answers.")
+    ] = 0.0,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
 ) -> None:
     """Serve a vLLM-compatible endpoint whose GPUs, KV cache and batching are simulated."""
@@ -80,6 +90,9 @@ def sim_vllm(
             time_scale=time_scale,
             seed=seed,
             stop_median_tokens=stop_median_tokens,
+            error_rate=error_rate,
+            error_status=error_status,
+            extra_latency_s=extra_latency_s,
         )
     except (ConfigError, ValueError) as error:
         typer.echo(f"error: {error}", err=True)

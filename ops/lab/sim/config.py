@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TypeVar
 
+from ops.lab.sim.faults import FaultError, Faults
 from ops.lab.sim.profiles import Profile, get_profile
 
 E = TypeVar("E", bound=StrEnum)
@@ -51,6 +52,7 @@ class SimConfig:
     time_scale: float
     seed: int
     stop_median_tokens: int
+    faults: Faults = field(default_factory=Faults)
 
     @property
     def block_size(self) -> int:
@@ -92,6 +94,9 @@ def build_config(
     time_scale: float = 1.0,
     seed: int = 0,
     stop_median_tokens: int | None = None,
+    error_rate: float = 0.0,
+    error_status: int = 500,
+    extra_latency_s: float = 0.0,
 ) -> SimConfig:
     """Apply overrides to a profile and reject combinations vLLM itself would refuse to start with."""
     base = get_profile(profile)
@@ -121,9 +126,17 @@ def build_config(
         time_scale=time_scale,
         seed=seed,
         stop_median_tokens=base.stop_median_tokens if stop_median_tokens is None else stop_median_tokens,
+        faults=_faults(error_rate, error_status, extra_latency_s),
     )
     _validate(config)
     return config
+
+
+def _faults(error_rate: float, error_status: int, extra_latency_s: float) -> Faults:
+    try:
+        return Faults(error_rate, error_status, extra_latency_s).checked()
+    except FaultError as error:
+        raise ConfigError(f"--{error.field.replace('_', '-')}: {error}") from None
 
 
 def _choice(enum: type[E], value: E | str, flag: str) -> E:

@@ -25,6 +25,7 @@ from ops.lab.sim import protocol
 from ops.lab.sim.config import SimConfig
 from ops.lab.sim.engine import Engine, EngineUnavailable, RequestHandle
 from ops.lab.sim.errors import ApiError, error_body, invalid, schema_error
+from ops.lab.sim.faults import FaultError, FaultInjector
 from ops.lab.sim.metrics import build_registry
 from ops.lab.sim.pool import EnginePool
 from ops.lab.sim.scheduler import SeqState
@@ -58,6 +59,8 @@ def create_app(config: SimConfig) -> FastAPI:
 
     app = FastAPI(title="tidegate vLLM simulator", lifespan=lifespan)
     app.state.pool = pool
+    injector = FaultInjector(config.faults, seed=config.seed)
+    app.state.faults = injector
 
     @app.exception_handler(ApiError)
     async def api_error(_: Request, error: ApiError) -> JSONResponse:
@@ -87,15 +90,32 @@ def create_app(config: SimConfig) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        return await _serve(pool, request, protocol.parse_completion)
+        return await _serve(pool, request, protocol.parse_completion, injector)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        return await _serve(pool, request, protocol.parse_chat)
+        return await _serve(pool, request, protocol.parse_chat, injector)
 
     @app.get("/metrics")
     async def metrics() -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/sim/faults")
+    async def sim_faults() -> dict[str, float | int]:
+        return injector.faults.as_dict()
+
+    @app.post("/sim/faults")
+    async def sim_set_faults(request: Request) -> dict[str, float | int]:
+        payload = await _json(request)
+        if not isinstance(payload, dict):
+            raise invalid("the body must be a JSON object of fault fields.", "body", payload)
+        try:
+            faults = injector.faults.updated(payload)
+        except FaultError as error:
+            raise invalid(str(error), error.field) from None
+        injector.set(faults)
+        log.info("faults now %s", faults.as_dict())
+        return faults.as_dict()
 
     @app.get("/sim/gpus")
     async def sim_gpus() -> list[dict[str, object]]:
@@ -129,8 +149,11 @@ async def _json(request: Request) -> object:
         raise schema_error([detail | {"ctx": {"error": error.msg}}]) from None
 
 
-async def _serve(pool: EnginePool, request: Request, parse: Parser) -> Response:
+async def _serve(pool: EnginePool, request: Request, parse: Parser, injector: FaultInjector) -> Response:
     job = parse(await _json(request), pool.config, request.headers.get("x-request-id"))
+    failed_with = await injector.before_request()
+    if failed_with is not None:
+        raise ApiError(failed_with, f"injected fault: answering {failed_with} (POST /sim/faults changes it)")
     try:
         engine = pool.pick()
     except EngineUnavailable as down:

@@ -1,0 +1,87 @@
+"""Breaker state shared through Redis: counted by many workers at once, each transition written
+(and its event recorded) exactly once, one half-open probe at a time, buckets that expire."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import cast
+
+from redis import Redis
+
+from shared.breaker import Phase
+from shared.breaker_store import BreakerStore
+from shared.control import read_events
+from shared.keys import QueueKeys
+from shared.policy import BreakerLevelPolicy, BreakerPolicy, InstantPolicy
+
+POLICY = BreakerPolicy(
+    min_requests=5,
+    instant=InstantPolicy(window_seconds=1, error_rate=0.3, open_seconds=0.5),
+    sustained=BreakerLevelPolicy(window_seconds=2, error_rate=0.2),
+    deep=BreakerLevelPolicy(window_seconds=3, error_rate=0.15),
+)
+THREADS = 8
+
+
+def _together(count: int, action: Callable[[], object]) -> list[object]:
+    barrier = threading.Barrier(count)
+    results: list[object] = []
+    lock = threading.Lock()
+
+    def run() -> None:
+        barrier.wait()
+        outcome = action()
+        with lock:
+            results.append(outcome)
+
+    threads = [threading.Thread(target=run) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    return results
+
+
+def _transitions(redis_client: Redis, keys: QueueKeys) -> list[str]:
+    events = read_events(redis_client, keys, 100)
+    return sorted(e["transition"] for e in events if e.get("kind") == "breaker")
+
+
+def test_concurrent_failures_open_once_and_one_probe_closes(redis_client: Redis, queue_name: str) -> None:
+    keys = QueueKeys(queue_name)
+    stores = [BreakerStore(redis_client, keys, POLICY) for _ in range(THREADS)]
+    store = stores[0]
+    for _ in range(2):
+        store.record("vllm-a:8000", True)
+    assert store.read("vllm-a:8000").phase(time.time()) is Phase.CLOSED
+    it = iter(stores)
+    _together(THREADS, lambda: next(it).record("vllm-a:8000", False))
+    state = store.read("vllm-a:8000")
+    assert state.phase(time.time()) is Phase.OPEN
+    assert _transitions(redis_client, keys) == ["deep:on", "instant:opened", "sustained:on"]
+
+    assert not store.take_probe("vllm-a:8000")  # still open
+    time.sleep(POLICY.instant.open_seconds + 0.05)
+    probes = _together(THREADS, lambda: store.take_probe("vllm-a:8000"))
+    assert probes.count(True) == 1
+    closed, transitions = store.record("vllm-a:8000", True, probe=True)
+    assert transitions == ["instant:closed"] and closed.phase(time.time()) is Phase.CLOSED
+
+
+def test_buckets_expire_and_an_emptied_window_clears_its_rung(redis_client: Redis, queue_name: str) -> None:
+    keys = QueueKeys(queue_name)
+    store = BreakerStore(redis_client, keys, POLICY)
+    for _ in range(6):
+        store.record("vllm-b:8000", False)
+    assert store.read("vllm-b:8000").sustained
+    bucket_ttls = [
+        cast("int", redis_client.ttl(k))
+        for k in redis_client.scan_iter(match=keys.breaker("vllm-b:8000") + ":*")
+    ]
+    assert bucket_ttls and all(0 < ttl <= 2 * POLICY.deep.window_seconds for ttl in bucket_ttls)
+    time.sleep(POLICY.deep.window_seconds + 0.2)
+    state, transitions = store.record("vllm-b:8000", None)
+    assert set(transitions) == {"sustained:off", "deep:off"}
+    assert not state.sustained and not state.deep
