@@ -7,7 +7,7 @@ the simulated GPU would show, whatever the time scale.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -37,6 +37,62 @@ HISTOGRAMS = (
 )
 
 
+Reading = Callable[[Engine, SimConfig], float]
+# (family kind, metric name, help text, how to read it from one engine)
+SCALARS: tuple[tuple[type[GaugeMetricFamily] | type[CounterMetricFamily], str, str, Reading], ...] = (
+    (
+        GaugeMetricFamily,
+        "vllm:num_requests_running",
+        "Number of requests in model execution batches.",
+        lambda e, c: len(e.scheduler.running),
+    ),
+    (
+        GaugeMetricFamily,
+        "vllm:num_requests_waiting",
+        "Number of requests waiting to be processed.",
+        lambda e, c: len(e.scheduler.waiting),
+    ),
+    (
+        GaugeMetricFamily,
+        "vllm:kv_cache_usage_perc",
+        "KV-cache usage. 1 means 100 percent usage.",
+        lambda e, c: e.scheduler.used_blocks / c.kv_blocks,
+    ),
+    (
+        CounterMetricFamily,
+        "vllm:num_preemptions",
+        "Cumulative number of preemption from the engine.",
+        lambda e, c: e.stats.preemptions,
+    ),
+    (
+        CounterMetricFamily,
+        "vllm:prompt_tokens",
+        "Number of prefill tokens processed.",
+        lambda e, c: e.stats.prompt_tokens,
+    ),
+    (
+        CounterMetricFamily,
+        "vllm:generation_tokens",
+        "Number of generation tokens processed.",
+        lambda e, c: e.stats.generation_tokens,
+    ),
+    # Not vLLM metrics: a real OOM kills the process and its counters; the simulator survives its own,
+    # so benchmarks can count them; vLLM itself does not count aborts.
+    (
+        CounterMetricFamily,
+        "tidegate_sim_oom_crashes",
+        "Simulated CUDA out-of-memory crashes of the engine.",
+        lambda e, c: e.stats.oom_crashes,
+    ),
+    (
+        CounterMetricFamily,
+        "tidegate_sim_aborted_requests",
+        "Requests aborted because their client disconnected (vLLM itself does not count these).",
+        lambda e, c: e.stats.aborted,
+    ),
+)
+
+
 class VllmCollector(Collector):
     """Exports each engine's gauges, counters and histograms, labelled with the engine (GPU) index."""
 
@@ -50,34 +106,9 @@ class VllmCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         names = list(self._labels(self._engines[0]))
-        running = GaugeMetricFamily(
-            "vllm:num_requests_running", "Number of requests in model execution batches.", labels=names
-        )
-        waiting = GaugeMetricFamily(
-            "vllm:num_requests_waiting", "Number of requests waiting to be processed.", labels=names
-        )
-        usage = GaugeMetricFamily(
-            "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", labels=names
-        )
-        preemptions = CounterMetricFamily(
-            "vllm:num_preemptions", "Cumulative number of preemption from the engine.", labels=names
-        )
-        prompt = CounterMetricFamily(
-            "vllm:prompt_tokens", "Number of prefill tokens processed.", labels=names
-        )
-        generation = CounterMetricFamily(
-            "vllm:generation_tokens", "Number of generation tokens processed.", labels=names
-        )
-        # Not a vLLM metric: a real OOM kills the process and its counters; the simulator survives its
-        # own, so benchmarks can count them.
-        crashes = CounterMetricFamily(
-            "tidegate_sim_oom_crashes", "Simulated CUDA out-of-memory crashes of the engine.", labels=names
-        )
-        aborted = CounterMetricFamily(
-            "tidegate_sim_aborted_requests",
-            "Requests aborted because their client disconnected (vLLM itself does not count these).",
-            labels=names,
-        )
+        scalars = [
+            (kind(name, documentation, labels=names), read) for kind, name, documentation, read in SCALARS
+        ]
         success = CounterMetricFamily(
             "vllm:request_success",
             "Count of successfully processed requests.",
@@ -93,37 +124,16 @@ class VllmCollector(Collector):
             labels=[*names, *self._cache_labels()],
         )
         for engine in self._engines:
-            labels = self._labels(engine)
-            values = list(labels.values())
-            scheduler = engine.scheduler
-            stats = engine.stats
-            running.add_metric(values, len(scheduler.running))
-            waiting.add_metric(values, len(scheduler.waiting))
-            usage.add_metric(values, scheduler.used_blocks / self._config.kv_blocks)
-            preemptions.add_metric(values, stats.preemptions)
-            prompt.add_metric(values, stats.prompt_tokens)
-            generation.add_metric(values, stats.generation_tokens)
-            crashes.add_metric(values, stats.oom_crashes)
-            aborted.add_metric(values, stats.aborted)
+            values = list(self._labels(engine).values())
+            for family, read in scalars:
+                family.add_metric(values, read(engine, self._config))
             for reason in FINISH_REASONS:
-                success.add_metric([*values, reason], stats.finished[reason])
-            for key, family in histograms.items():
-                histogram: Histogram = getattr(stats, key)
-                family.add_metric(values, histogram.cumulative(), histogram.total)
+                success.add_metric([*values, reason], engine.stats.finished[reason])
+            for key, histogram_family in histograms.items():
+                histogram: Histogram = getattr(engine.stats, key)
+                histogram_family.add_metric(values, histogram.cumulative(), histogram.total)
             cache.add_metric([*values, *self._cache_labels().values()], 1.0)
-        yield from (
-            running,
-            waiting,
-            usage,
-            preemptions,
-            prompt,
-            generation,
-            crashes,
-            aborted,
-            success,
-            *histograms.values(),
-            cache,
-        )
+        yield from (*(family for family, _ in scalars), success, *histograms.values(), cache)
 
     def _cache_labels(self) -> dict[str, str]:
         return {

@@ -16,9 +16,9 @@ from contextlib import asynccontextmanager
 from http import HTTPStatus
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.types import Receive
 
 from ops.lab.sim import protocol
@@ -66,7 +66,18 @@ def create_app(config: SimConfig) -> FastAPI:
     async def api_error(_: Request, error: ApiError) -> JSONResponse:
         return error.response()
 
-    @app.get("/health")
+    app.include_router(_vllm_routes(config, pool, injector, registry))
+    app.include_router(_sim_routes(pool, injector))
+    return app
+
+
+def _vllm_routes(
+    config: SimConfig, pool: EnginePool, injector: FaultInjector, registry: CollectorRegistry
+) -> APIRouter:
+    """What vLLM's OpenAI-compatible server answers."""
+    router = APIRouter()
+
+    @router.get("/health")
     async def health() -> Response:
         down = pool.down()
         if down:
@@ -76,35 +87,42 @@ def create_app(config: SimConfig) -> FastAPI:
             )
         return Response(status_code=HTTPStatus.OK)
 
-    @app.get("/version")
+    @router.get("/version")
     async def version() -> dict[str, str]:
         return {"version": VLLM_VERSION}
 
-    @app.get("/load")
+    @router.get("/load")
     async def load() -> dict[str, int]:
         return {"server_load": sum(engine.load()[0] for engine in pool.engines)}
 
-    @app.get("/v1/models")
+    @router.get("/v1/models")
     async def models() -> dict[str, Any]:
         return protocol.models_response(config, int(time.time()))
 
-    @app.post("/v1/completions")
+    @router.post("/v1/completions")
     async def completions(request: Request) -> Response:
         return await _serve(pool, request, protocol.parse_completion, injector)
 
-    @app.post("/v1/chat/completions")
+    @router.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         return await _serve(pool, request, protocol.parse_chat, injector)
 
-    @app.get("/metrics")
+    @router.get("/metrics")
     async def metrics() -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/sim/faults")
+    return router
+
+
+def _sim_routes(pool: EnginePool, injector: FaultInjector) -> APIRouter:
+    """The simulator's own controls: faults and GPU memory pressure, for tests and drills."""
+    router = APIRouter(prefix="/sim")
+
+    @router.get("/faults")
     async def sim_faults() -> dict[str, float | int]:
         return injector.faults.as_dict()
 
-    @app.post("/sim/faults")
+    @router.post("/faults")
     async def sim_set_faults(request: Request) -> dict[str, float | int]:
         payload = await _json(request)
         if not isinstance(payload, dict):
@@ -117,11 +135,11 @@ def create_app(config: SimConfig) -> FastAPI:
         log.info("faults now %s", faults.as_dict())
         return faults.as_dict()
 
-    @app.get("/sim/gpus")
+    @router.get("/gpus")
     async def sim_gpus() -> list[dict[str, object]]:
         return pool.describe_gpus()
 
-    @app.post("/sim/gpus/{index}/pressure")
+    @router.post("/gpus/{index}/pressure")
     async def sim_pressure(index: int, request: Request) -> dict[str, object]:
         if not 0 <= index < len(pool.gpus):
             raise ApiError(
@@ -138,7 +156,7 @@ def create_app(config: SimConfig) -> FastAPI:
         log.info("GPU %d: another process now holds %d bytes", index, extra)
         return pool.describe_gpus()[index]
 
-    return app
+    return router
 
 
 async def _json(request: Request) -> object:
