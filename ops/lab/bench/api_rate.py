@@ -211,29 +211,8 @@ def one_run(redis_url: str, threads: int, seconds: float, workers: int) -> RunFi
                 threads, seconds, lambda i: clients[i].post(PATH, loan, 202)
             )
 
-            producer = Producer(redis, policy, queue)
-            request = producer.validate({**LOAN, "branch_id": "0412"})
-
-            def direct(_: int) -> tuple[bool, float]:
-                started = time.perf_counter()
-                return producer.submit(request).outcome == "queued", time.perf_counter() - started
-
-            direct_ok, _, _ = _hammer(threads, seconds, direct)
-
-            stop = threading.Event()
-            refresher = threading.Thread(target=_keep_red, args=(redis, keys, stop), daemon=True)
-            refresher.start()
-            time.sleep(0.5)  # past the API's 0.25 s admission cache
-            try:
-                _, _, alone_latencies = _hammer(
-                    1, seconds / 2, lambda i: clients[i].post(PATH, complaint, 429)
-                )
-                shed, _, shed_latencies = _hammer(
-                    threads, seconds, lambda i: clients[i].post(PATH, complaint, 429)
-                )
-            finally:
-                stop.set()
-                refresher.join()
+            direct_ok = _direct_accepts(Producer(redis, policy, queue), threads, seconds)
+            alone_latencies, shed, shed_latencies = _shed_answers(redis, keys, clients, complaint, seconds)
             for client in clients:
                 client.close()
         return RunFigures(
@@ -252,6 +231,35 @@ def one_run(redis_url: str, threads: int, seconds: float, workers: int) -> RunFi
         delete_queue(redis, queue)
         redis.close()
         Path(policy_file.name).unlink(missing_ok=True)
+
+
+def _direct_accepts(producer: Producer, threads: int, seconds: float) -> int:
+    """The same submissions through the in-process producer: the API's baseline."""
+    request = producer.validate({**LOAN, "branch_id": "0412"})
+
+    def direct(_: int) -> tuple[bool, float]:
+        started = time.perf_counter()
+        return producer.submit(request).outcome == "queued", time.perf_counter() - started
+
+    accepted, _, _ = _hammer(threads, seconds, direct)
+    return accepted
+
+
+def _shed_answers(
+    redis: Redis, keys: QueueKeys, clients: list[KeepAliveClient], body: bytes, seconds: float
+) -> tuple[list[float], int, list[float]]:
+    """429 latencies with the queue held at red: one client alone, then every client at once."""
+    stop = threading.Event()
+    refresher = threading.Thread(target=_keep_red, args=(redis, keys, stop), daemon=True)
+    refresher.start()
+    time.sleep(0.5)  # past the API's 0.25 s admission cache
+    try:
+        _, _, alone = _hammer(1, seconds / 2, lambda i: clients[i].post(PATH, body, 429))
+        shed, _, latencies = _hammer(len(clients), seconds, lambda i: clients[i].post(PATH, body, 429))
+    finally:
+        stop.set()
+        refresher.join()
+    return alone, shed, latencies
 
 
 @app.command()

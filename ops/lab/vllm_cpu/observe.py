@@ -137,7 +137,18 @@ def _cut(value: Any, limit: int) -> Any:
 
 
 def observe(base_url: str, model: str, probe_priority: bool) -> list[str]:
+    """Every exchange OBSERVED.md records, against the server at `base_url`."""
     probe = Probe(base_url, model)
+    _observe_answers(probe, model)
+    for title, path, body in _error_cases(model):
+        probe.exchange(title, path, body)
+    _observe_edges(probe, model, probe_priority)
+    probe.get("Health", "/health")
+    probe.metrics()
+    return probe.out
+
+
+def _observe_answers(probe: Probe, model: str) -> None:
     probe.get("Model list", "/v1/models")
     probe.exchange(
         "Completion with `X-Request-Id`",
@@ -171,8 +182,11 @@ def observe(base_url: str, model: str, probe_priority: bool) -> list[str]:
         "/v1/chat/completions",
         {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": True},
     )
+
+
+def _error_cases(model: str) -> list[tuple[str, str, Any]]:
     long_prompt = "hello world " * 1500
-    errors: list[tuple[str, str, Any]] = [
+    return [
         ("Error: missing prompt", "/v1/completions", {"model": model, "max_tokens": 5}),
         ("Error: max_tokens 0", "/v1/completions", {"model": model, "prompt": "x", "max_tokens": 0}),
         (
@@ -208,8 +222,9 @@ def observe(base_url: str, model: str, probe_priority: bool) -> list[str]:
             {"model": model, "messages": [], "max_tokens": 3},
         ),
     ]
-    for title, path, body in errors:
-        probe.exchange(title, path, body)
+
+
+def _observe_edges(probe: Probe, model: str, probe_priority: bool) -> None:
     probe.exchange(
         "Prompt plus max_tokens over the context: max_tokens is cut to fit",
         "/v1/completions",
@@ -224,9 +239,6 @@ def observe(base_url: str, model: str, probe_priority: bool) -> list[str]:
             "/v1/completions",
             {"model": model, "prompt": "x", "max_tokens": 2, "priority": 5},
         )
-    probe.get("Health", "/health")
-    probe.metrics()
-    return probe.out
 
 
 def main(argv: list[str] | None = None) -> int:
