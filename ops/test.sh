@@ -4,7 +4,7 @@
 # prepare real vLLM on the CPU when it can be installed, then ruff, mypy --strict and pytest.
 #
 #   bash ops/test.sh                 # everything
-#   bash ops/test.sh tests/queue -x  # extra arguments go to pytest
+#   bash ops/test.sh tests/shared/queue -x  # extra arguments go to pytest
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

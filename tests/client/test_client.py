@@ -30,8 +30,8 @@ from tidegate_client import (
 )
 
 from shared.queue import TicketQueue
-from tests.api.conftest import Api, publish_alarm
-from tests.api.peer import Answer, ScriptedPeer
+from tests.producer.api.conftest import Api, publish_alarm
+from tests.producer.api.peer import Answer, ScriptedPeer
 
 LOAN = {"type": "loan_approval", "prompt": "Approve a 20k loan?", "urgent_level": 2}
 COMPLAINT = {"type": "complaint", "prompt": "My card was charged twice."}

@@ -14,7 +14,7 @@ from redis import Redis
 
 from producer.producer import Producer
 from shared.metrics import build_registry, serve
-from tests.api.conftest import Api, api, api_settings, branch_key
+from tests.producer.api.conftest import Api, api, api_settings, branch_key
 from worker.registry import WorkerRegistry
 from worker.telemetry import GaugeSnapshot, WorkerGauges, observe_claim, worker_registry
 

@@ -25,7 +25,7 @@ from shared.models import TicketStatus
 from shared.policy import Policy
 from shared.queue import TicketQueue
 from shared.redis_conn import CONNECT_TIMEOUT_SECONDS, READ_TIMEOUT_SECONDS, make_client
-from tests.api.server import serve
+from tests.producer.api.server import serve
 from tests.worker.conftest import RunningWorker, wait_for
 from worker.config import WorkerConfig
 from worker.gpu_memory import make_provider

@@ -23,8 +23,8 @@ from shared.keys import QueueKeys
 from shared.policy import AlarmPolicy, MemoryPolicy, Policy
 from shared.queue import TicketQueue
 from shared.shed import ShedCode
-from tests.api.server import serve
 from tests.private_redis import private_redis
+from tests.producer.api.server import serve
 
 MAXMEMORY = 64 * 1024 * 1024
 

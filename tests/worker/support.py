@@ -1,4 +1,4 @@
-"""Helpers shared by the worker scenarios, against the simulator (tests/worker) and real vLLM (tests/vllm).
+"""Helpers shared by the worker scenarios, against the simulator (tests/worker) and real vLLM (tests/lab/vllm_cpu).
 
 Tickets and producers for a test's queue, polls for ticket outcomes and for vLLM /metrics values, the
 flags of `python -m worker` processes, and the checks of a dead worker's batch being rescued.

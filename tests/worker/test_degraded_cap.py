@@ -46,7 +46,7 @@ def test_the_context_still_bounds_an_answer_at_normal_service(policy: Policy) ->
 
 
 def test_the_degraded_cap_is_applied_in_exactly_one_place() -> None:
-    """Intake leaves max_tokens alone (tests/monitor/test_admission.py); only the worker caps."""
+    """Intake leaves max_tokens alone (tests/producer/test_admission.py); only the worker caps."""
     uses = [
         path.relative_to(REPO).as_posix()
         for package in ("shared", "producer", "worker", "ops")
