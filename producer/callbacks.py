@@ -32,7 +32,7 @@ from shared.callback_targets import RefusedTarget
 from shared.config import Settings
 from shared.keys import QueueKeys
 from shared.models import Ticket
-from shared.redis_conn import connect, make_client
+from shared.redis_conn import connect_from, make_client
 
 log = logging.getLogger("tidegate.callbacks")
 
@@ -60,7 +60,7 @@ def _redis(redis_url: str | None) -> tuple[Redis, bool]:
     job = get_current_job()
     if job is not None:
         return job.connection, False
-    return connect(Settings().redis_url), True
+    return connect_from(Settings()), True
 
 
 def read_ticket(client: Redis, queue_name: str, ticket_id: str) -> Ticket | None:

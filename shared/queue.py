@@ -21,6 +21,7 @@ from shared.policy import Policy
 from shared.redis_conn import blocking_client
 from shared.scripts import Scripts
 from shared.shed import ShedCode
+from shared.slot_server import on_slot_server
 from shared.submission import EnqueueOptions, EnqueueResult, Submission
 
 MAX_BLOCK_SECONDS = 10.0
@@ -63,13 +64,17 @@ class QueueStats:
 
 
 class TicketQueue:
-    def __init__(self, redis: Redis, policy: Policy, queue_name: str = "default") -> None:
+    def __init__(
+        self, redis: Redis, policy: Policy, queue_name: str = "default", *, replica_acks: int = 0
+    ) -> None:
         self.redis = redis
         self.policy = policy
         self.keys = QueueKeys(queue_name)
         self.scripts = Scripts.register(redis)
         self.submission = Submission(policy, self.keys, self.scripts)
         self._blocking: Redis | None = None
+        self.replica_acks = replica_acks
+        """Replicas that must hold a submission before it returns (shared/replica_acks.py)."""
 
     # ---- producer side --------------------------------------------------------------------
     def build_ticket(self, request: TicketRequest, *, now: float | None = None) -> Ticket:
@@ -89,7 +94,11 @@ class TicketQueue:
     ) -> list[EnqueueResult]:
         """Submit many tickets in one pipelined round trip; each is still atomic on its own."""
         opts = list(options) if options is not None else [EnqueueOptions()] * len(requests)
-        return self.submission.submit_many(self.redis, requests, opts)
+        return on_slot_server(
+            self.redis,
+            self.keys.pending,
+            lambda server: self.submission.submit_many(server, requests, opts, self.replica_acks),
+        )
 
     def cancel(self, ticket_id: str, reason: str = "cancelled by its branch") -> str:
         """Cancel; returns the status before ("queued"/"running" → now cancelled) or "missing"."""
@@ -215,14 +224,19 @@ class TicketQueue:
             return {}
         now = repr(clock.now())
         seconds = lease_seconds or self.policy.queue.lease_seconds
-        pipe = self.redis.pipeline(transaction=False)
-        for ticket_id, token in leases:
-            self.scripts.extend(
-                keys=[self.keys.ticket(ticket_id), self.keys.inflight],
-                args=[ticket_id, token, now, seconds],
-                client=pipe,
-            )
-        return {tid: str(r) for (tid, _), r in zip(leases, pipe.execute(), strict=True)}
+
+        def send(server: Redis) -> list[Any]:
+            pipe = server.pipeline(transaction=False)
+            for ticket_id, token in leases:
+                self.scripts.extend(
+                    keys=[self.keys.ticket(ticket_id), self.keys.inflight],
+                    args=[ticket_id, token, now, seconds],
+                    client=pipe,
+                )
+            return pipe.execute()
+
+        replies = on_slot_server(self.redis, self.keys.inflight, send)
+        return {tid: str(r) for (tid, _), r in zip(leases, replies, strict=True)}
 
     def finish(
         self,

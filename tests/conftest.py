@@ -20,6 +20,7 @@ from producer.producer import Producer
 from shared.keys import QueueKeys
 from shared.policy import Policy, default_policy_text, load_policy
 from shared.queue import TicketQueue
+from tests.redis_cluster import ON_CLUSTER, RedisClusterHarness, redis_cluster, suite_client, suite_env
 
 TEST_REDIS_URL = os.environ.get("TIDEGATE_TEST_REDIS_URL", "redis://127.0.0.1:6379/9")
 
@@ -44,7 +45,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(scope="session")
-def redis_url() -> str:
+def redis_cluster_harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterHarness]:
+    """A real 3-master, 3-replica cluster on loopback for the whole session."""
+    with redis_cluster(tmp_path_factory.mktemp("redis-cluster")) as harness:
+        yield harness
+
+
+@pytest.fixture(scope="session")
+def redis_url(request: pytest.FixtureRequest) -> str:
+    """The suite's Redis: TIDEGATE_TEST_REDIS_URL, or with TIDEGATE_TEST_REDIS_CLUSTER=1 a cluster."""
+    if ON_CLUSTER:
+        harness: RedisClusterHarness = request.getfixturevalue("redis_cluster_harness")
+        return harness.seed_url
     client = Redis.from_url(TEST_REDIS_URL, socket_connect_timeout=2)
     try:
         client.ping()
@@ -57,7 +69,7 @@ def redis_url() -> str:
 
 @pytest.fixture
 def redis_client(redis_url: str) -> Iterator[Redis]:
-    client = Redis.from_url(redis_url, decode_responses=True)
+    client = suite_client(redis_url)
     yield client
     client.close()
 
@@ -101,7 +113,7 @@ RunCli = Callable[..., subprocess.CompletedProcess[str]]
 @pytest.fixture
 def run_cli(redis_url: str, queue_name: str) -> RunCli:
     """Run `tidegate ARGS…` as a user would, in a subprocess bound to this test's Redis and queue."""
-    env = {**os.environ, "TIDEGATE_REDIS_URL": redis_url, "TIDEGATE_QUEUE_NAME": queue_name}
+    env = {**os.environ, **suite_env(redis_url), "TIDEGATE_QUEUE_NAME": queue_name}
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(

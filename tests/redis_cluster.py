@@ -6,6 +6,7 @@ loopback port, keeps nothing on disk beyond the cluster's node file, and is stop
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import socket
@@ -18,6 +19,8 @@ from pathlib import Path
 
 import pytest
 from redis import Redis
+
+from shared.redis_conn import make_cluster_client
 
 START_SECONDS = 15.0
 CLUSTER_OK_SECONDS = 30.0
@@ -291,3 +294,22 @@ def _sentinels_see(harness: SentinelHarness) -> bool:
         finally:
             client.close()
     return True
+
+
+ON_CLUSTER = os.environ.get("TIDEGATE_TEST_REDIS_CLUSTER") == "1"
+"""`TIDEGATE_TEST_REDIS_CLUSTER=1`: the suite's Redis is a cluster the session starts (ops/test.sh)."""
+
+
+def suite_client(url: str, *, decode_responses: bool = True) -> Redis:
+    """A client of the suite's Redis at `url`: a cluster client when the suite runs on the cluster."""
+    if ON_CLUSTER:
+        return make_cluster_client(url, decode_responses=decode_responses)
+    return Redis.from_url(url, decode_responses=decode_responses, socket_connect_timeout=2, socket_timeout=15)
+
+
+def suite_env(url: str) -> dict[str, str]:
+    """The TIDEGATE_* variables that point a child process at the suite's Redis."""
+    env = {"TIDEGATE_REDIS_URL": url}
+    if ON_CLUSTER:
+        env["TIDEGATE_REDIS_CLUSTER"] = "true"
+    return env
