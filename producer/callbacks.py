@@ -58,9 +58,10 @@ def _redis(redis_url: str | None) -> tuple[Redis, bool]:
     if redis_url:
         return make_client(redis_url), True
     job = get_current_job()
-    if job is not None:
+    settings = Settings()
+    if job is not None and not settings.redis_cluster:  # on a Cluster rq lives on a Redis of its own
         return job.connection, False
-    return connect_from(Settings()), True
+    return connect_from(settings), True
 
 
 def read_ticket(client: Redis, queue_name: str, ticket_id: str) -> Ticket | None:

@@ -32,6 +32,10 @@ class Settings(BaseSettings):
     redis_sentinel_master: str | None = Field(
         default=None, description="the primary's name at the Sentinels (with redis_sentinels)"
     )
+    rq_redis_url: str | None = Field(
+        default=None,
+        description="the Redis of rq's jobs (alarm actions, callbacks); default the queue's; needed on a Cluster",
+    )
     replica_acks: int = Field(
         default=0, ge=0, le=16, description="replicas that must hold a ticket before it is acknowledged"
     )
