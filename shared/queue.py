@@ -13,12 +13,14 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
 from redis import Redis
+from redis.commands.core import Script
 
 from shared import clock
 from shared.keys import WAKE_LIST_CAP, QueueKeys
 from shared.models import Ticket, TicketRequest
 from shared.policy import Policy
 from shared.redis_conn import blocking_client
+from shared.replica_acks import add_wait, check_acks
 from shared.scripts import Scripts
 from shared.shed import ShedCode
 from shared.slot_server import on_slot_server
@@ -256,19 +258,28 @@ class TicketQueue:
         if usage is not None:
             fields["usage"] = json.dumps(usage, separators=(",", ":"))
         flat = [item for pair in fields.items() for item in pair]
-        reply = self.scripts.finish(
-            keys=[self.keys.ticket(ticket_id), self.keys.inflight, self.keys.counts, self.keys.outbox],
-            args=[
-                ticket_id,
-                token,
-                repr(clock.now()),
-                status,
-                self.policy.queue.retention_spec,
-                error,
-                *flat,
-            ],
+        reply = self._acked(
+            self.scripts.finish,
+            [self.keys.ticket(ticket_id), self.keys.inflight, self.keys.counts, self.keys.outbox],
+            [ticket_id, token, repr(clock.now()), status, self.policy.queue.retention_spec, error, *flat],
         )
         return bool(reply == "ok")
+
+    def _acked(self, script: Script, keys: list[str], args: list[Any]) -> Any:
+        """Run `script`; with replica_acks, WAIT on its connection too, so an outcome reported
+        written survives the loss of the primary (shared/replica_acks.py)."""
+        if not self.replica_acks:
+            return script(keys=keys, args=args)
+
+        def send(server: Redis) -> Any:
+            pipe = server.pipeline(transaction=False)
+            script(keys=keys, args=args, client=pipe)
+            add_wait(pipe, self.replica_acks)
+            reply, acks = pipe.execute()
+            check_acks(acks, self.replica_acks)
+            return reply
+
+        return on_slot_server(self.redis, self.keys.inflight, send)
 
     def backoff_seconds(self, attempts: int) -> float:
         """Exponential backoff with full jitter, so retries of a failed vLLM spread out."""

@@ -152,6 +152,7 @@ def worker(
             vllm_url=urls[index] if len(urls) > 1 else urls[0],
             worker_id=worker_id or default_worker_id(index),
             queue_name=settings.queue_name,
+            replica_acks=settings.replica_acks,
             fallback_vllm_url=settings.fallback_vllm_url,
             model=model,
             max_batch=settings.max_batch,
