@@ -50,8 +50,15 @@ def _loan() -> TicketRequest:
 def test_settings_give_a_cluster_client_and_every_key_of_a_queue_one_slot(cluster: Redis) -> None:
     assert isinstance(cluster, RedisCluster)
     keys = QueueKeys("pool-a")
-    spelled = [getattr(keys, name) for name in dir(QueueKeys) if isinstance(getattr(QueueKeys, name), property)]
-    spelled += [keys.ticket("x"), keys.waiting("loan_approval"), keys.idempotency("b1", "k"), keys.worker("w")]
+    spelled = [
+        getattr(keys, name) for name in dir(QueueKeys) if isinstance(getattr(QueueKeys, name), property)
+    ]
+    spelled += [
+        keys.ticket("x"),
+        keys.waiting("loan_approval"),
+        keys.idempotency("b1", "k"),
+        keys.worker("w"),
+    ]
     slots = {cluster.keyslot(key) for key in spelled}
     assert len(spelled) > 20 and len(slots) == 1
 
@@ -71,7 +78,9 @@ def test_a_ticket_round_trip_on_the_cluster_survives_a_flushed_script_cache(
     second = queue.enqueue_many([_loan(), _loan()])  # the pipeline path reloads them on that node
     claimed = queue.claim("w1", 5)
     owner.script_flush()
-    assert queue.extend_many([(c.ticket.id, c.token) for c in claimed]) == {c.ticket.id: "ok" for c in claimed}
+    assert queue.extend_many([(c.ticket.id, c.token) for c in claimed]) == {
+        c.ticket.id: "ok" for c in claimed
+    }
     for c in claimed:
         assert queue.finish(c.ticket.id, c.token, "done", result="yes")
     assert {c.ticket.id for c in claimed} == {first.ticket_id, *(r.ticket_id for r in second)}
@@ -85,7 +94,9 @@ def test_an_idle_worker_blocks_on_the_wake_list_until_a_ticket_arrives(
 ) -> None:
     queue = TicketQueue(cluster, policy, _name(names))
     woke: list[float] = []
-    waiter = threading.Thread(target=lambda: woke.append(time.monotonic()) if queue.wait_for_work(8) else None)
+    waiter = threading.Thread(
+        target=lambda: woke.append(time.monotonic()) if queue.wait_for_work(8) else None
+    )
     waiter.start()
     time.sleep(0.5)
     sent = time.monotonic()
