@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import redis
 from redis import Redis
 from redis.cluster import RedisCluster
+from redis.exceptions import RedisClusterException
 
 T = TypeVar("T")
 
@@ -44,5 +45,8 @@ def on_slot_server(client: Redis | Any, key: str, run: Callable[[Redis], T]) -> 
             if not _moved(exc) or attempt == ATTEMPTS - 1:
                 raise
         time.sleep(min(0.1 * 2**attempt, 1.0))
-        client.nodes_manager.initialize()
+        try:
+            client.nodes_manager.initialize()
+        except RedisClusterException:  # no node answered yet; the next attempt asks again
+            continue
     raise AssertionError("unreachable: the last attempt returns or raises")

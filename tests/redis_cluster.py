@@ -71,6 +71,7 @@ class RedisNode:
     port: int
     directory: Path
     process: subprocess.Popen[bytes]
+    args: list[str] = field(default_factory=list)
 
     @property
     def url(self) -> str:
@@ -95,6 +96,14 @@ class RedisNode:
             self.process.send_signal(signal.SIGKILL)
             self.process.wait(timeout=10)
 
+    def restart(self) -> None:
+        """Start the same server again, as a machine that comes back (a cluster node rejoins)."""
+        self.stop()
+        self.process = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client = self.client()
+        _wait_until(lambda: self.alive() and client.ping(), START_SECONDS, f"redis-server on {self.port}")
+        client.close()
+
     def stop(self) -> None:
         if not self.alive():
             return
@@ -118,7 +127,7 @@ def redis_node(
         args += ["--save", "", "--appendonly", "no"]
     args += ["--logfile", str(directory / "redis.log"), *extra_args]
     process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    node = RedisNode(port, directory, process)
+    node = RedisNode(port, directory, process, args)
     try:
         client = node.client()
         _wait_until(lambda: node.alive() and client.ping(), START_SECONDS, f"redis-server on {port}")
@@ -176,6 +185,15 @@ class RedisClusterHarness:
 
         _wait_until(ok, seconds, "cluster_state:ok")
 
+    def wait_replicated(self, key: str, seconds: float = CLUSTER_OK_SECONDS) -> None:
+        """Until the master of `key`'s slot has a replica that is online (synced)."""
+
+        def replicated() -> bool:
+            info = self.master_of(key).info("replication")
+            return any(isinstance(v, dict) and v.get("state") == "online" for v in info.values())
+
+        _wait_until(replicated, seconds, f"a synced replica for {key}")
+
     def wait_promoted(self, dead: RedisNode, seconds: float = CLUSTER_OK_SECONDS) -> None:
         """Until a replica of the killed master owns its slots and the cluster is ok again."""
         dead_port = dead.port
@@ -201,6 +219,7 @@ def redis_cluster(directory: Path, node_timeout_ms: int = 1000) -> Iterator[Redi
     """3 masters + 3 replicas on loopback (`--cluster-replicas 1`), stopped at the end."""
     ports = free_ports(6)
     args = ["--cluster-enabled", "yes", "--cluster-node-timeout", str(node_timeout_ms)]
+    args += ["--repl-diskless-sync-delay", "0"]  # a rejoining replica syncs at once, not after 5 s
     with ExitStack() as stack:
         nodes = [
             stack.enter_context(
