@@ -19,6 +19,7 @@ from redis.asyncio import Redis as AsyncRedis
 from redis.backoff import ExponentialBackoff
 from redis.cluster import RedisCluster
 from redis.connection import parse_url
+from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
@@ -135,6 +136,19 @@ def _failover_retry() -> Retry:
     return Retry(ExponentialBackoff(cap=1.0, base=0.1), retries=FAILOVER_RETRIES)
 
 
+class FailoverCluster(RedisCluster):
+    """RedisCluster whose "no node could be reached" while it re-reads the slots (mid-failover)
+    is a `redis.ConnectionError`, so every caller's handling of a lost Redis applies to it."""
+
+    def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().execute_command(*args, **kwargs)
+        except RedisClusterException as exc:
+            if "cannot be connected" not in str(exc):
+                raise
+            raise redis.ConnectionError(f"Redis Cluster unreachable: {exc}") from exc
+
+
 def make_cluster_client(url: str, *, decode_responses: bool = True) -> Redis:
     """A Redis Cluster client seeded from any node's URL; it follows MOVED and re-reads the slots
     after a failover, and redis-py's scripts reload themselves per node on NOSCRIPT.
@@ -142,7 +156,7 @@ def make_cluster_client(url: str, *, decode_responses: bool = True) -> Redis:
     Typed as `Redis`: the cluster client answers every command tidegate sends (each names keys of
     one hash tag), so callers stay written against one interface.
     """
-    client = RedisCluster.from_url(
+    client = FailoverCluster.from_url(
         url,
         decode_responses=decode_responses,
         socket_connect_timeout=TOPOLOGY_CONNECT_TIMEOUT_SECONDS,
