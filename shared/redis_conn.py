@@ -142,7 +142,7 @@ class FailoverCluster(RedisCluster):
 
     def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         try:
-            return super().execute_command(*args, **kwargs)
+            return super().execute_command(*args, **kwargs)  # type: ignore[no-untyped-call]
         except RedisClusterException as exc:
             if "cannot be connected" not in str(exc):
                 raise
@@ -185,14 +185,14 @@ def make_sentinel_client(
     them again, so a command that failed on the dead primary is retried on the new one."""
     options: dict[str, Any] = {}
     if url:
-        parsed = parse_url(url)
+        parsed = parse_url(url)  # type: ignore[no-untyped-call]
         options = {k: parsed[k] for k in ("db", "username", "password") if k in parsed}
     timeouts = {
         "socket_connect_timeout": TOPOLOGY_CONNECT_TIMEOUT_SECONDS,
         "socket_timeout": TOPOLOGY_READ_TIMEOUT_SECONDS,
     }
-    sentinel = Sentinel(parse_sentinels(sentinels), sentinel_kwargs=dict(timeouts), **timeouts)
-    return sentinel.master_for(
+    sentinel = Sentinel(parse_sentinels(sentinels), sentinel_kwargs=dict(timeouts), **timeouts)  # type: ignore[no-untyped-call]
+    primary = sentinel.master_for(  # type: ignore[no-untyped-call]
         master,
         decode_responses=decode_responses,
         socket_keepalive=True,
@@ -200,6 +200,7 @@ def make_sentinel_client(
         retry_on_error=[redis.ConnectionError, redis.TimeoutError],
         **options,
     )
+    return cast("Redis", primary)
 
 
 class Topology(Protocol):

@@ -34,7 +34,8 @@ def on_slot_server(client: Redis | Any, key: str, run: Callable[[Redis], T]) -> 
     if not isinstance(client, RedisCluster):
         return run(client)
     for attempt in range(ATTEMPTS):
-        server = client.get_redis_connection(client.get_node_from_key(key, replica=False))
+        node = client.get_node_from_key(key, replica=False)  # type: ignore[no-untyped-call]
+        server = client.get_redis_connection(node)
         assert server is not None, "the cluster client makes a client for every node it knows"
         try:
             return run(server)
