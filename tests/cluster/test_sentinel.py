@@ -31,6 +31,8 @@ def trio(tmp_path: Path) -> Iterator[SentinelHarness]:
 
 def _settings(trio: SentinelHarness, replica_acks: int) -> Settings:
     return Settings(
+        redis_url=None,
+        redis_cluster=False,
         redis_sentinels=trio.sentinel_spec,
         redis_sentinel_master=trio.master_name,
         replica_acks=replica_acks,
