@@ -13,14 +13,13 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
 from redis import Redis
-from redis.commands.core import Script
 
 from shared import clock
 from shared.keys import WAKE_LIST_CAP, QueueKeys
 from shared.models import Ticket, TicketRequest
 from shared.policy import Policy
 from shared.redis_conn import blocking_client
-from shared.replica_acks import add_wait, check_acks
+from shared.replica_acks import run_acked
 from shared.scripts import Scripts
 from shared.shed import ShedCode
 from shared.slot_server import on_slot_server
@@ -258,28 +257,14 @@ class TicketQueue:
         if usage is not None:
             fields["usage"] = json.dumps(usage, separators=(",", ":"))
         flat = [item for pair in fields.items() for item in pair]
-        reply = self._acked(
+        reply = run_acked(
+            self.redis,
+            self.replica_acks,
             self.scripts.finish,
             [self.keys.ticket(ticket_id), self.keys.inflight, self.keys.counts, self.keys.outbox],
             [ticket_id, token, repr(clock.now()), status, self.policy.queue.retention_spec, error, *flat],
         )
         return bool(reply == "ok")
-
-    def _acked(self, script: Script, keys: list[str], args: list[Any]) -> Any:
-        """Run `script`; with replica_acks, WAIT on its connection too, so an outcome reported
-        written survives the loss of the primary (shared/replica_acks.py)."""
-        if not self.replica_acks:
-            return script(keys=keys, args=args)
-
-        def send(server: Redis) -> Any:
-            pipe = server.pipeline(transaction=False)
-            script(keys=keys, args=args, client=pipe)
-            add_wait(pipe, self.replica_acks)
-            reply, acks = pipe.execute()
-            check_acks(acks, self.replica_acks)
-            return reply
-
-        return on_slot_server(self.redis, self.keys.inflight, send)
 
     def backoff_seconds(self, attempts: int) -> float:
         """Exponential backoff with full jitter, so retries of a failed vLLM spread out."""
@@ -385,10 +370,13 @@ class TicketQueue:
         return self._from_flat(self._read_call(ticket_id, self.redis))
 
     def get_many(self, ticket_ids: Sequence[str]) -> list[Ticket | None]:
-        pipe = self.redis.pipeline(transaction=False)
-        for ticket_id in ticket_ids:
-            self._read_call(ticket_id, pipe)
-        return [self._from_flat(flat) for flat in pipe.execute()]
+        def send(server: Redis) -> list[Any]:
+            pipe = server.pipeline(transaction=False)
+            for ticket_id in ticket_ids:
+                self._read_call(ticket_id, pipe)
+            return pipe.execute()
+
+        return [self._from_flat(flat) for flat in on_slot_server(self.redis, self.keys.pending, send)]
 
     def _from_redis(self, raw: dict[str, str]) -> Ticket:
         ticket = Ticket.from_redis(raw)

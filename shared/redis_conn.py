@@ -16,6 +16,8 @@ import redis
 from redis import Redis
 from redis.asyncio import BlockingConnectionPool
 from redis.asyncio import Redis as AsyncRedis
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.asyncio.sentinel import Sentinel as AsyncSentinel
 from redis.backoff import ExponentialBackoff
 from redis.cluster import RedisCluster
 from redis.connection import parse_url
@@ -237,3 +239,20 @@ def connect_from(settings: Topology, *, decode_responses: bool = True) -> Redis:
 
 def is_cluster(client: object) -> bool:
     return isinstance(client, RedisCluster)
+
+
+def connect_async_from(settings: Topology, *, read_timeout: float) -> AsyncRedis:
+    """The asyncio client for this process's Redis (`connect_async` on one server), whose read
+    timeout outlasts the blocking reads made on it; on a Cluster each read names keys of one slot."""
+    timeouts: dict[str, Any] = {
+        "socket_connect_timeout": TOPOLOGY_CONNECT_TIMEOUT_SECONDS,
+        "socket_timeout": read_timeout,
+    }
+    if settings.redis_sentinels:
+        sentinel = AsyncSentinel(parse_sentinels(settings.redis_sentinels), sentinel_kwargs=dict(timeouts))
+        primary = sentinel.master_for(settings.redis_sentinel_master or "", decode_responses=True, **timeouts)
+        return cast("AsyncRedis", primary)
+    if settings.redis_cluster:
+        url = resolve_redis_url(settings.redis_url)
+        return cast("AsyncRedis", AsyncRedisCluster.from_url(url, decode_responses=True, **timeouts))
+    return connect_async(settings.redis_url, read_timeout=read_timeout)

@@ -13,6 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 import redis
+from redis.commands.core import Script
+
+from shared.slot_server import on_slot_server
 
 WAIT_TIMEOUT_MS = 1000
 """Longest wait for the replicas; below every client's read timeout."""
@@ -38,3 +41,20 @@ def check_acks(reply: object, replicas: int) -> None:
     got = int(str(reply))
     if got < replicas:
         raise ReplicaAcksMissing(replicas, got)
+
+
+def run_acked(client: Any, replicas: int, script: Script, keys: list[str], args: list[Any]) -> Any:
+    """Run one script; with `replicas`, WAIT on its connection too (on the server holding its keys),
+    so an outcome reported written survives the loss of the primary."""
+    if not replicas:
+        return script(keys=keys, args=args)
+
+    def send(server: Any) -> Any:
+        pipe = server.pipeline(transaction=False)
+        script(keys=keys, args=args, client=pipe)
+        add_wait(pipe, replicas)
+        reply, acks = pipe.execute()
+        check_acks(acks, replicas)
+        return reply
+
+    return on_slot_server(client, keys[0], send)
