@@ -249,7 +249,7 @@ def connect_async_from(settings: Topology, *, read_timeout: float) -> AsyncRedis
         "socket_timeout": read_timeout,
     }
     if settings.redis_sentinels:
-        sentinel = AsyncSentinel(parse_sentinels(settings.redis_sentinels), sentinel_kwargs=dict(timeouts))
+        sentinel = AsyncSentinel(parse_sentinels(settings.redis_sentinels), sentinel_kwargs=dict(timeouts))  # type: ignore[no-untyped-call]
         primary = sentinel.master_for(settings.redis_sentinel_master or "", decode_responses=True, **timeouts)
         return cast("AsyncRedis", primary)
     if settings.redis_cluster:
