@@ -23,7 +23,7 @@ from redis.cluster import RedisCluster
 from redis.connection import parse_url
 from redis.exceptions import RedisClusterException
 from redis.retry import Retry
-from redis.sentinel import Sentinel
+from redis.sentinel import Sentinel, SentinelConnectionPool
 
 DEFAULT_LOCAL_URL = "redis://127.0.0.1:6379/0"
 
@@ -68,6 +68,8 @@ def blocking_client(client: Redis, block_seconds: float) -> Redis:
     Its read timeout is the pop's own plus a margin, so a stalled server still fails the pop
     within a bound, while a pop that simply waits its full time never trips it.
     """
+    if _topology_client(client):
+        return client  # its read timeout, TOPOLOGY_READ_TIMEOUT_SECONDS, covers the longest pop
     kwargs = dict(client.connection_pool.connection_kwargs)
     kwargs["socket_timeout"] = block_seconds + BLOCK_MARGIN_SECONDS
     kwargs.setdefault("socket_connect_timeout", CONNECT_TIMEOUT_SECONDS)
@@ -129,7 +131,9 @@ def connect_async(url: str | None, *, read_timeout: float, max_connections: int 
 
 TOPOLOGY_CONNECT_TIMEOUT_SECONDS = 2.0
 TOPOLOGY_READ_TIMEOUT_SECONDS = 12.0
-"""Above the longest blocking pop on a wake list (10 s), which shares these clients' connections."""
+"""The longest blocking pop on a wake list (10 s) plus its margin: these clients serve the pops too
+(`blocking_client` returns them), so a stalled Cluster or Sentinel primary fails a command within
+this, not within READ_TIMEOUT_SECONDS."""
 FAILOVER_RETRIES = 10
 """Enough backed-off retries (about 7 s) to outlast a replica's promotion after its master died."""
 
@@ -256,3 +260,10 @@ def connect_async_from(settings: Topology, *, read_timeout: float) -> AsyncRedis
         url = resolve_redis_url(settings.redis_url)
         return cast("AsyncRedis", AsyncRedisCluster.from_url(url, decode_responses=True, **timeouts))
     return connect_async(settings.redis_url, read_timeout=read_timeout)
+
+
+def _topology_client(client: object) -> bool:
+    """A Cluster or Sentinel client: its pools are per node or per primary, not copied here."""
+    return isinstance(client, RedisCluster) or isinstance(
+        getattr(client, "connection_pool", None), SentinelConnectionPool
+    )

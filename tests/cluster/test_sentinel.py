@@ -16,7 +16,7 @@ from producer.api.keys import ApiKeyStore, Role
 from shared.config import Settings
 from shared.keys import QueueKeys
 from shared.redis_conn import connect_from
-from tests.api.server import serve
+from tests.producer.api.server import serve
 from tests.redis_cluster import SentinelHarness, sentinel_trio
 
 LOAN = {"type": "loan_approval", "prompt": "approve a loan of 5000?"}
