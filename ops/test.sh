@@ -81,3 +81,12 @@ fi
 "$VENV/bin/mypy"
 "$VENV/bin/lint-imports"
 "$VENV/bin/pytest" "$@"
+
+# --- the same queue, worker and monitor tests on a real Redis Cluster ----------------------------
+# A short second pass (tests/redis_cluster.py starts 3 masters + 3 replicas on loopback and stops
+# them). Skipped when pytest was given arguments, so `bash ops/test.sh tests/shared -x` stays quick.
+if [ "$#" -eq 0 ] && [ "${TIDEGATE_SKIP_CLUSTER_PASS:-0}" != 1 ]; then
+  TIDEGATE_TEST_REDIS_CLUSTER=1 "$VENV/bin/pytest" -q -m "not vllm" \
+    tests/shared/queue tests/monitor tests/worker/test_priority.py tests/worker/test_shutdown.py \
+    tests/worker/test_leases_and_routing.py tests/producer/api/test_tickets.py tests/cluster
+fi

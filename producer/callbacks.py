@@ -32,7 +32,7 @@ from shared.callback_targets import RefusedTarget
 from shared.config import Settings
 from shared.keys import QueueKeys
 from shared.models import Ticket
-from shared.redis_conn import connect, make_client
+from shared.redis_conn import connect_from, make_client
 
 log = logging.getLogger("tidegate.callbacks")
 
@@ -58,9 +58,10 @@ def _redis(redis_url: str | None) -> tuple[Redis, bool]:
     if redis_url:
         return make_client(redis_url), True
     job = get_current_job()
-    if job is not None:
+    settings = Settings()
+    if job is not None and not settings.redis_cluster:  # on a Cluster rq lives on a Redis of its own
         return job.connection, False
-    return connect(Settings().redis_url), True
+    return connect_from(settings), True
 
 
 def read_ticket(client: Redis, queue_name: str, ticket_id: str) -> Ticket | None:

@@ -22,7 +22,7 @@ from shared.config import Settings
 from shared.errors import TicketValidationError
 from shared.models import Ticket
 from shared.queue import TicketQueue
-from shared.redis_conn import RedisUnavailable, connect
+from shared.redis_conn import RedisUnavailable, connect_from
 
 enqueue_app = typer.Typer(add_completion=False)
 ticket_app = typer.Typer(add_completion=False)
@@ -186,7 +186,7 @@ def ticket(
     """Show one ticket: status, priority, result or error, timings."""
     settings = load_settings(queue_name=queue)
     try:
-        found = TicketQueue(connect(settings.redis_url), settings.policy, settings.queue_name).get(ticket_id)
+        found = TicketQueue(connect_from(settings), settings.policy, settings.queue_name).get(ticket_id)
     except (RedisUnavailable, redis.RedisError) as exc:
         redis_failure(exc)
     if found is None:
@@ -209,7 +209,7 @@ def ticket(
 
 
 def status_document(settings: Settings) -> dict[str, Any]:
-    return operator_status(connect(settings.redis_url), settings.policy, settings.queue_name)
+    return operator_status(connect_from(settings), settings.policy, settings.queue_name)
 
 
 @status_app.command()

@@ -19,7 +19,7 @@ from shared.errors import FieldError, TicketValidationError, field_errors
 from shared.models import Ticket, TicketRequest, policy_problems
 from shared.policy import Policy
 from shared.queue import EnqueueResult, TicketQueue
-from shared.redis_conn import connect
+from shared.redis_conn import connect_from
 from shared.shed import ShedCode
 
 SubmitOutcome = Literal["queued", "existing", "rejected"]
@@ -49,9 +49,10 @@ class Producer:
         *,
         fallback_configured: bool = False,
         admission_cache_seconds: float = 0.25,
+        replica_acks: int = 0,
     ) -> None:
         self.policy = policy
-        self.queue = TicketQueue(redis, policy, queue_name)
+        self.queue = TicketQueue(redis, policy, queue_name, replica_acks=replica_acks)
         self.admission = AdmissionController(
             redis,
             policy,
@@ -63,10 +64,11 @@ class Producer:
     @classmethod
     def from_settings(cls, settings: Settings) -> Producer:
         return cls(
-            connect(settings.redis_url),
+            connect_from(settings),
             settings.policy,
             settings.queue_name,
             fallback_configured=bool(settings.fallback_vllm_url),
+            replica_acks=settings.replica_acks,
         )
 
     def validate(self, data: Mapping[str, Any]) -> TicketRequest:

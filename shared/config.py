@@ -10,10 +10,11 @@ from __future__ import annotations
 from functools import cached_property
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.policy import Policy, load_policy
+from shared.redis_conn import parse_sentinels
 
 
 class Settings(BaseSettings):
@@ -21,6 +22,22 @@ class Settings(BaseSettings):
 
     redis_url: str | None = Field(
         default=None, description="unset: a Redis on 127.0.0.1:6379 if one answers (demo: else embedded)"
+    )
+    redis_cluster: bool = Field(
+        default=False, description="the Redis URL names a node of a Redis Cluster (any node will do)"
+    )
+    redis_sentinels: str | None = Field(
+        default=None, description="host:port,... of the Sentinels that name the primary (URL then optional)"
+    )
+    redis_sentinel_master: str | None = Field(
+        default=None, description="the primary's name at the Sentinels (with redis_sentinels)"
+    )
+    rq_redis_url: str | None = Field(
+        default=None,
+        description="the Redis of rq's jobs (alarm actions, callbacks); default the queue's; needed on a Cluster",
+    )
+    replica_acks: int = Field(
+        default=0, ge=0, le=16, description="replicas that must hold a ticket before it is acknowledged"
     )
     queue_name: str = Field(
         default="default", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="the queue's name"
@@ -56,6 +73,22 @@ class Settings(BaseSettings):
     )
     api_max_body_bytes: int = Field(default=1_048_576, ge=1024)
     operator_key: str | None = Field(default=None, description="bootstrap operator API key")
+
+    @field_validator("redis_sentinels")
+    @classmethod
+    def _sentinels(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_sentinels(value)
+        return value
+
+    @model_validator(mode="after")
+    def _one_topology(self) -> Settings:
+        if self.redis_sentinels is not None:
+            if not self.redis_sentinel_master:
+                raise ValueError("redis_sentinel_master: required with redis_sentinels (the primary's name)")
+            if self.redis_cluster:
+                raise ValueError("redis_cluster: a Cluster has no Sentinels; set one of the two")
+        return self
 
     @cached_property
     def policy(self) -> Policy:

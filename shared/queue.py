@@ -19,8 +19,10 @@ from shared.keys import WAKE_LIST_CAP, QueueKeys
 from shared.models import Ticket, TicketRequest
 from shared.policy import Policy
 from shared.redis_conn import blocking_client
+from shared.replica_acks import run_acked
 from shared.scripts import Scripts
 from shared.shed import ShedCode
+from shared.slot_server import on_slot_server
 from shared.submission import EnqueueOptions, EnqueueResult, Submission
 
 MAX_BLOCK_SECONDS = 10.0
@@ -63,13 +65,17 @@ class QueueStats:
 
 
 class TicketQueue:
-    def __init__(self, redis: Redis, policy: Policy, queue_name: str = "default") -> None:
+    def __init__(
+        self, redis: Redis, policy: Policy, queue_name: str = "default", *, replica_acks: int = 0
+    ) -> None:
         self.redis = redis
         self.policy = policy
         self.keys = QueueKeys(queue_name)
         self.scripts = Scripts.register(redis)
         self.submission = Submission(policy, self.keys, self.scripts)
         self._blocking: Redis | None = None
+        self.replica_acks = replica_acks
+        """Replicas that must hold a submission before it returns (shared/replica_acks.py)."""
 
     # ---- producer side --------------------------------------------------------------------
     def build_ticket(self, request: TicketRequest, *, now: float | None = None) -> Ticket:
@@ -89,7 +95,11 @@ class TicketQueue:
     ) -> list[EnqueueResult]:
         """Submit many tickets in one pipelined round trip; each is still atomic on its own."""
         opts = list(options) if options is not None else [EnqueueOptions()] * len(requests)
-        return self.submission.submit_many(self.redis, requests, opts)
+        return on_slot_server(
+            self.redis,
+            self.keys.pending,
+            lambda server: self.submission.submit_many(server, requests, opts, self.replica_acks),
+        )
 
     def cancel(self, ticket_id: str, reason: str = "cancelled by its branch") -> str:
         """Cancel; returns the status before ("queued"/"running" → now cancelled) or "missing"."""
@@ -215,14 +225,19 @@ class TicketQueue:
             return {}
         now = repr(clock.now())
         seconds = lease_seconds or self.policy.queue.lease_seconds
-        pipe = self.redis.pipeline(transaction=False)
-        for ticket_id, token in leases:
-            self.scripts.extend(
-                keys=[self.keys.ticket(ticket_id), self.keys.inflight],
-                args=[ticket_id, token, now, seconds],
-                client=pipe,
-            )
-        return {tid: str(r) for (tid, _), r in zip(leases, pipe.execute(), strict=True)}
+
+        def send(server: Redis) -> list[Any]:
+            pipe = server.pipeline(transaction=False)
+            for ticket_id, token in leases:
+                self.scripts.extend(
+                    keys=[self.keys.ticket(ticket_id), self.keys.inflight],
+                    args=[ticket_id, token, now, seconds],
+                    client=pipe,
+                )
+            return pipe.execute()
+
+        replies = on_slot_server(self.redis, self.keys.inflight, send)
+        return {tid: str(r) for (tid, _), r in zip(leases, replies, strict=True)}
 
     def finish(
         self,
@@ -242,17 +257,12 @@ class TicketQueue:
         if usage is not None:
             fields["usage"] = json.dumps(usage, separators=(",", ":"))
         flat = [item for pair in fields.items() for item in pair]
-        reply = self.scripts.finish(
-            keys=[self.keys.ticket(ticket_id), self.keys.inflight, self.keys.counts, self.keys.outbox],
-            args=[
-                ticket_id,
-                token,
-                repr(clock.now()),
-                status,
-                self.policy.queue.retention_spec,
-                error,
-                *flat,
-            ],
+        reply = run_acked(
+            self.redis,
+            self.replica_acks,
+            self.scripts.finish,
+            [self.keys.ticket(ticket_id), self.keys.inflight, self.keys.counts, self.keys.outbox],
+            [ticket_id, token, repr(clock.now()), status, self.policy.queue.retention_spec, error, *flat],
         )
         return bool(reply == "ok")
 
@@ -360,10 +370,13 @@ class TicketQueue:
         return self._from_flat(self._read_call(ticket_id, self.redis))
 
     def get_many(self, ticket_ids: Sequence[str]) -> list[Ticket | None]:
-        pipe = self.redis.pipeline(transaction=False)
-        for ticket_id in ticket_ids:
-            self._read_call(ticket_id, pipe)
-        return [self._from_flat(flat) for flat in pipe.execute()]
+        def send(server: Redis) -> list[Any]:
+            pipe = server.pipeline(transaction=False)
+            for ticket_id in ticket_ids:
+                self._read_call(ticket_id, pipe)
+            return pipe.execute()
+
+        return [self._from_flat(flat) for flat in on_slot_server(self.redis, self.keys.pending, send)]
 
     def _from_redis(self, raw: dict[str, str]) -> Ticket:
         ticket = Ticket.from_redis(raw)

@@ -14,6 +14,7 @@ from shared.ids import new_ticket_id
 from shared.keys import WAKE_LIST_CAP, QueueKeys
 from shared.models import Ticket, TicketRequest, TicketStatus
 from shared.policy import Policy, RetainedOutcome
+from shared.replica_acks import add_wait, check_acks
 from shared.scoring import effective_priority, queue_score
 from shared.scripts import Scripts
 from shared.shed import ShedCode, shed_cause
@@ -186,12 +187,24 @@ class Submission:
         return max(self.policy.queue.retention_for(o) for o in outcomes)
 
     def submit_many(
-        self, client: Any, requests: Sequence[TicketRequest], options: Sequence[EnqueueOptions]
+        self,
+        client: Any,
+        requests: Sequence[TicketRequest],
+        options: Sequence[EnqueueOptions],
+        replica_acks: int = 0,
     ) -> list[EnqueueResult]:
-        """Submit many tickets in one pipelined round trip; each is still atomic on its own."""
+        """Submit many tickets in one pipelined round trip; each is still atomic on its own.
+
+        With `replica_acks` the pipeline ends with WAIT (shared/replica_acks.py) and raises
+        ReplicaAcksMissing unless that many replicas hold the writes.
+        """
         tickets = [self._prepared(r, o) for r, o in zip(requests, options, strict=True)]
         pipe = client.pipeline(transaction=False)
         for ticket, o in zip(tickets, options, strict=True):
             self._enqueue_call(ticket, o, pipe)
+        if replica_acks:
+            add_wait(pipe, replica_acks)
         raws = pipe.execute()
+        if replica_acks:
+            check_acks(raws.pop(), replica_acks)
         return [self._result(t, o, raw) for t, o, raw in zip(tickets, options, raws, strict=True)]

@@ -20,6 +20,8 @@ from producer.producer import Producer
 from shared.keys import QueueKeys
 from shared.policy import Policy, default_policy_text, load_policy
 from shared.queue import TicketQueue
+from tests.private_redis import private_redis
+from tests.redis_cluster import ON_CLUSTER, RedisClusterHarness, redis_cluster, suite_client, suite_env
 
 TEST_REDIS_URL = os.environ.get("TIDEGATE_TEST_REDIS_URL", "redis://127.0.0.1:6379/9")
 
@@ -44,7 +46,38 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(scope="session")
-def redis_url() -> str:
+def redis_cluster_harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterHarness]:
+    """A real 3-master, 3-replica cluster on loopback for the whole session."""
+    with redis_cluster(tmp_path_factory.mktemp("redis-cluster")) as harness:
+        yield harness
+
+
+@pytest.fixture(scope="session")
+def cluster_environment(
+    redis_cluster_harness: RedisClusterHarness, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    """On the cluster, every process this session starts (and Settings() here, as rq's jobs read it)
+    finds the cluster, and rq a single Redis of its own, as a deployment would configure them."""
+    with private_redis(tmp_path_factory.mktemp("rq-redis")) as rq_url, pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TIDEGATE_REDIS_URL", redis_cluster_harness.seed_url)
+        patch.setenv("TIDEGATE_REDIS_CLUSTER", "true")
+        patch.setenv("TIDEGATE_RQ_REDIS_URL", rq_url)
+        yield
+
+
+@pytest.fixture(scope="session")
+def rq_url(redis_url: str) -> str:
+    """rq's Redis: the suite's; on the cluster (where rq cannot run) a single Redis of its own."""
+    return os.environ["TIDEGATE_RQ_REDIS_URL"] if ON_CLUSTER else redis_url
+
+
+@pytest.fixture(scope="session")
+def redis_url(request: pytest.FixtureRequest) -> str:
+    """The suite's Redis: TIDEGATE_TEST_REDIS_URL, or with TIDEGATE_TEST_REDIS_CLUSTER=1 a cluster."""
+    if ON_CLUSTER:
+        harness: RedisClusterHarness = request.getfixturevalue("redis_cluster_harness")
+        request.getfixturevalue("cluster_environment")
+        return harness.seed_url
     client = Redis.from_url(TEST_REDIS_URL, socket_connect_timeout=2)
     try:
         client.ping()
@@ -57,7 +90,7 @@ def redis_url() -> str:
 
 @pytest.fixture
 def redis_client(redis_url: str) -> Iterator[Redis]:
-    client = Redis.from_url(redis_url, decode_responses=True)
+    client = suite_client(redis_url)
     yield client
     client.close()
 
@@ -101,7 +134,7 @@ RunCli = Callable[..., subprocess.CompletedProcess[str]]
 @pytest.fixture
 def run_cli(redis_url: str, queue_name: str) -> RunCli:
     """Run `tidegate ARGS…` as a user would, in a subprocess bound to this test's Redis and queue."""
-    env = {**os.environ, "TIDEGATE_REDIS_URL": redis_url, "TIDEGATE_QUEUE_NAME": queue_name}
+    env = {**os.environ, **suite_env(redis_url), "TIDEGATE_QUEUE_NAME": queue_name}
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(

@@ -18,7 +18,7 @@ from shared.config import Settings, setting_help
 from shared.keys import QueueKeys
 from shared.logs import configure_logging, tag_process
 from shared.metrics import serve
-from shared.redis_conn import RedisUnavailable, connect
+from shared.redis_conn import RedisUnavailable, connect_from
 from worker.config import WorkerConfig
 from worker.gpu_memory import GpuBackendError, GpuMemoryProvider, make_provider
 from worker.model_spec import ModelSpec, ModelSpecError, load_model_spec
@@ -152,6 +152,7 @@ def worker(
             vllm_url=urls[index] if len(urls) > 1 else urls[0],
             worker_id=worker_id or default_worker_id(index),
             queue_name=settings.queue_name,
+            replica_acks=settings.replica_acks,
             fallback_vllm_url=settings.fallback_vllm_url,
             model=model,
             max_batch=settings.max_batch,
@@ -192,7 +193,7 @@ def _model_spec(
 
 def _connect(settings: Settings) -> redis.Redis:
     try:
-        client = connect(settings.redis_url)
+        client = connect_from(settings)
         client.ping()
         return client
     except (RedisUnavailable, redis.RedisError) as exc:

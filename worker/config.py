@@ -13,6 +13,8 @@ class WorkerConfig:
     vllm_url: str
     worker_id: str
     queue_name: str = "default"
+    replica_acks: int = 0
+    """Replicas that must hold a finished ticket before the worker moves on (TIDEGATE_REPLICA_ACKS)."""
     fallback_vllm_url: str | None = None
     model: str | None = None
     """Served model name; None = ask vLLM's /v1/models."""

@@ -62,7 +62,7 @@ class Worker:
     ) -> None:
         self.config = config
         self.policy = policy
-        self.queue = TicketQueue(redis, policy, config.queue_name)
+        self.queue = TicketQueue(redis, policy, config.queue_name, replica_acks=config.replica_acks)
         self.stop_requested = threading.Event()
         self.inflight = InFlight()
         self.sizer = BatchSizer(

@@ -21,9 +21,11 @@ from rq import get_current_job
 
 from ops.monitor.hooks import HookFailed, run_hook
 from shared import clock
+from shared.config import Settings
 from shared.control import append_event
 from shared.keys import QueueKeys
 from shared.policy import AlarmLevel, HooksPolicy
+from shared.redis_conn import connect_from
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,9 @@ def _connection() -> Redis:
     job = get_current_job()
     if job is None:
         raise RuntimeError("alarm actions run as rq jobs; enqueue them with ops.monitor.dispatch")
-    return job.connection
+    settings = Settings()
+    # On a Cluster rq's jobs live on a Redis of their own; the queue is reached through the settings.
+    return connect_from(settings) if settings.redis_cluster else job.connection
 
 
 def _published_level(conn: Redis, keys: QueueKeys) -> AlarmLevel | None:

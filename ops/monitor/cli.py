@@ -17,7 +17,7 @@ from ops.monitor.scaling import ScalingConfig
 from shared.cli_support import EXIT_BAD_INPUT, fail, load_settings, print_json, redis_failure
 from shared.logs import configure_logging
 from shared.metrics import build_registry, serve
-from shared.redis_conn import RedisUnavailable, connect, resolve_redis_url
+from shared.redis_conn import RedisUnavailable, connect_from, resolve_redis_url
 
 app = typer.Typer(add_completion=False)
 log = logging.getLogger("tidegate.monitor")
@@ -75,10 +75,20 @@ def monitor(
     if lock_ttl <= interval:
         fail(f"--lock-ttl {lock_ttl} must exceed --interval {interval}, or the lock lapses", EXIT_BAD_INPUT)
     configure_logging("info")
+    if settings.redis_cluster and not settings.rq_redis_url:
+        fail("TIDEGATE_RQ_REDIS_URL: required on a Cluster (rq's jobs need a single Redis)", EXIT_BAD_INPUT)
+    if rq_worker and settings.redis_sentinels and not settings.rq_redis_url:
+        fail(
+            "--rq-worker with Sentinels: set TIDEGATE_RQ_REDIS_URL, or run rq's worker on its own",
+            EXIT_BAD_INPUT,
+        )
     try:
-        url = resolve_redis_url(settings.redis_url)
-        client = connect(url)
+        url = settings.rq_redis_url or (
+            None if settings.redis_sentinels else resolve_redis_url(settings.redis_url)
+        )
+        client = connect_from(settings)
         client.ping()
+        rq_conn = rq_connection(url) if url else connect_from(settings, decode_responses=False)
     except (RedisUnavailable, redis.RedisError) as exc:
         redis_failure(exc)
     jobs = JobOptions(actions_queue=actions_queue, callbacks_queue=callbacks_queue)
@@ -88,13 +98,13 @@ def monitor(
         scaling=ScalingConfig(target_drain_seconds=target_drain_seconds, max_workers=max_workers),
         jobs=jobs,
     )
-    runner = Monitor(client, rq_connection(url), settings.policy, settings.queue_name, config)
+    runner = Monitor(client, rq_conn, settings.policy, settings.queue_name, config)
     queues = [jobs.actions_queue, jobs.callbacks_queue]
     if once:
         result = runner.tick()
         runner.close()
         if rq_worker:
-            work(url, queues, burst=True)
+            work(url or "", queues, burst=True)
         if as_json:
             print_json({"monitor": runner.monitor_id, "queue": settings.queue_name, **result.to_dict()})
         else:
@@ -107,7 +117,7 @@ def monitor(
             serve(build_registry(client, settings.policy, settings.queue_name), metrics_port)
         except OSError as exc:
             fail(f"cannot serve metrics on --metrics-port {metrics_port}: {exc.strerror}")
-    worker = start_worker_process(url, queues) if rq_worker else None
+    worker = start_worker_process(url or "", queues) if rq_worker else None
     stop = threading.Event()
 
     def request_stop(signum: int, frame: FrameType | None) -> None:

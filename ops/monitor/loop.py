@@ -34,6 +34,7 @@ from shared.control import append_event
 from shared.depth_history import append_depth
 from shared.policy import AlarmLevel, Policy
 from shared.queue import TicketQueue
+from shared.redis_conn import is_cluster
 
 PAGE_CLAIM_SECONDS = 7 * 86_400
 """How long the claim on one deep episode's page is kept (an episode is named by its start)."""
@@ -127,7 +128,9 @@ class Monitor:
         self.sampler = Sampler(self.queue, self.config.rate_window_seconds)
         self.leadership = Leadership(client, self.keys, self.monitor_id, self.config.lock_ttl_seconds)
         self.actions_queue = Queue(self.config.jobs.actions_queue, connection=rq_conn)
-        self.outbox = OutboxDrainer(rq_conn, queue_name, self.config.jobs)
+        self.rq_apart = is_cluster(client)
+        """rq's jobs live on a Redis of their own (the queue's is a Cluster, where rq cannot run)."""
+        self.outbox = OutboxDrainer(rq_conn, queue_name, self.config.jobs, client if self.rq_apart else None)
         self.breakers = BreakerStore(client, self.keys, policy.breaker)
         self.tracker: AlarmTracker | None = None
         """The alarm state while acting; rebuilt from what Redis holds on taking over."""
@@ -261,7 +264,10 @@ class Monitor:
             "updated_at": repr(at),
         }
         jobs = action_jobs(self.queue_name, transitions, desired, self.policy.hooks, self.config.jobs)
-        with self.rq_conn.pipeline(transaction=True) as pipe:
+        # rq does not run on a Cluster: there the transaction holds the queue's keys alone (one slot)
+        # and the action jobs follow it on rq's own Redis (lost if this monitor dies in between).
+        conn = self.redis if self.rq_apart else self.rq_conn
+        with conn.pipeline(transaction=True) as pipe:
             pipe.watch(self.keys.monitor_lock)  # type: ignore[no-untyped-call]
             if _text(pipe.get(self.keys.monitor_lock)) != self.monitor_id:
                 raise NotActing(self.monitor_id)
@@ -287,9 +293,11 @@ class Monitor:
                     used=memory.used_bytes,
                     budget=memory.budget_bytes or 0,
                 )
-            if jobs:
+            if jobs and not self.rq_apart:
                 self.actions_queue.enqueue_many(jobs, pipeline=pipe)
             pipe.execute()
+        if jobs and self.rq_apart:
+            self.actions_queue.enqueue_many(jobs)
 
     # ---- the loop -------------------------------------------------------------------------------
     def run(self, stop: threading.Event, on_tick: Callable[[TickResult], None] | None = None) -> None:

@@ -12,7 +12,7 @@ import typer
 from shared.cli_support import load_settings, print_json, redis_failure
 from shared.control import Mode, read_events, set_mode
 from shared.keys import QueueKeys
-from shared.redis_conn import RedisUnavailable, connect
+from shared.redis_conn import RedisUnavailable, connect_from
 
 app = typer.Typer(
     add_completion=False,
@@ -54,7 +54,7 @@ def set_command(
     """Switch the operator mode; it takes effect within a fraction of a second everywhere."""
     settings = load_settings(queue_name=queue)
     try:
-        client = connect(settings.redis_url)
+        client = connect_from(settings)
         previous = set_mode(client, QueueKeys(settings.queue_name), mode, actor=actor)
     except (RedisUnavailable, redis.RedisError) as exc:
         redis_failure(exc)
@@ -73,7 +73,7 @@ def show_command(
     """Show the operator mode and who set it when."""
     settings = load_settings(queue_name=queue)
     try:
-        doc = mode_document(connect(settings.redis_url), settings.queue_name)
+        doc = mode_document(connect_from(settings), settings.queue_name)
     except (RedisUnavailable, redis.RedisError) as exc:
         redis_failure(exc)
     if as_json:

@@ -26,8 +26,12 @@ def _text(value: bytes | str) -> str:
 class OutboxDrainer:
     """Moves callback ids of one queue into the rq callbacks queue."""
 
-    def __init__(self, rq_conn: Redis, queue_name: str, options: JobOptions) -> None:
+    def __init__(
+        self, rq_conn: Redis, queue_name: str, options: JobOptions, queue_conn: Redis | None = None
+    ) -> None:
         self.rq_conn = rq_conn
+        self.queue_conn = queue_conn
+        """The queue's Redis when rq's is another one (a Cluster); None when they are the same."""
         self.queue_name = queue_name
         self.keys = QueueKeys(queue_name)
         self.options = options
@@ -36,11 +40,11 @@ class OutboxDrainer:
     def drain(self, limit: int = 500) -> int:
         """Hand over ids left by an earlier crash, then up to `limit` new ones; returns how many."""
         leftovers = [
-            _text(v) for v in cast("list[bytes]", self.rq_conn.lrange(self.keys.outbox_processing, 0, -1))
+            _text(v) for v in cast("list[bytes]", self._queue.lrange(self.keys.outbox_processing, 0, -1))
         ]
         handed = self._hand_over(leftovers) if leftovers else 0
         while handed < limit:
-            pipe = self.rq_conn.pipeline(transaction=False)
+            pipe = self._queue.pipeline(transaction=False)
             for _ in range(min(MOVE_BATCH, limit - handed)):
                 pipe.lmove(self.keys.outbox, self.keys.outbox_processing, "RIGHT", "LEFT")
             moved = [_text(v) for v in pipe.execute() if v is not None]
@@ -49,12 +53,20 @@ class OutboxDrainer:
             handed += self._hand_over(moved)
         return handed
 
+    @property
+    def _queue(self) -> Redis:
+        return self.queue_conn if self.queue_conn is not None else self.rq_conn
+
     def _hand_over(self, ticket_ids: list[str]) -> int:
-        pipe = self.rq_conn.pipeline(transaction=True)
-        self.rq_queue.enqueue_many(
-            [callback_job(self.queue_name, ticket_id, self.options) for ticket_id in ticket_ids],
-            pipeline=pipe,
-        )
+        jobs = [callback_job(self.queue_name, ticket_id, self.options) for ticket_id in ticket_ids]
+        if self.queue_conn is not None:
+            # Two Redis, no shared transaction: the jobs first, then the ids leave the processing list;
+            # a crash in between hands them over again, under the same job ids (rq replaces them).
+            self.rq_queue.enqueue_many(jobs)
+            pipe = self.queue_conn.pipeline(transaction=True)
+        else:
+            pipe = self.rq_conn.pipeline(transaction=True)
+            self.rq_queue.enqueue_many(jobs, pipeline=pipe)
         for ticket_id in ticket_ids:
             pipe.lrem(self.keys.outbox_processing, 1, ticket_id)
         pipe.execute()

@@ -30,7 +30,7 @@ from producer.producer import Producer
 from shared.config import Settings
 from shared.metrics import build_registry
 from shared.policy import Policy
-from shared.redis_conn import connect, connect_async
+from shared.redis_conn import connect_async_from, connect_from
 
 API_VERSION = "1"
 DESCRIPTION = """Branch-office API of the tidegate LLM work queue.
@@ -54,13 +54,14 @@ def create_app(
 ) -> FastAPI:
     """The API for `settings` (default: the environment, TIDEGATE_*)."""
     settings = settings or Settings()
-    redis = connect(settings.redis_url)
+    redis = connect_from(settings)
     producer = Producer(
         redis,
         settings.policy,
         settings.queue_name,
         fallback_configured=bool(settings.fallback_vllm_url),
         admission_cache_seconds=admission_cache_seconds,
+        replica_acks=settings.replica_acks,
     )
     key_store = ApiKeyStore(redis, producer.queue.keys)
     context = ApiContext(
@@ -70,9 +71,7 @@ def create_app(
         key_store=key_store,
         authenticator=Authenticator(key_store, settings.operator_key, auth_cache_seconds),
         registry=build_registry(redis, settings.policy, settings.queue_name),
-        hub=LiveHub(
-            connect_async(settings.redis_url, read_timeout=READ_TIMEOUT_SECONDS), producer.queue.keys
-        ),
+        hub=LiveHub(connect_async_from(settings, read_timeout=READ_TIMEOUT_SECONDS), producer.queue.keys),
         models=ModelCatalog(redis, producer.queue.keys),
     )
 

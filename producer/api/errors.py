@@ -20,6 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from producer.api.schemas import ErrorBody, ErrorObject, ValidationIssue
 from shared.errors import FieldError
+from shared.replica_acks import ReplicaAcksMissing
 
 log = logging.getLogger("tidegate.api")
 
@@ -185,6 +186,16 @@ _on_redis_down = _redis_trouble("redis_unavailable", "unreachable")
 _on_redis_full = _redis_trouble("redis_memory_full", "out of memory")
 
 
+async def _on_acks_missing(request: Request, exc: Exception) -> JSONResponse:
+    log.warning("replicas did not confirm %s %s: %s", request.method, request.url.path, exc)
+    error = ErrorObject(
+        message=f"{exc}; the ticket is not acknowledged: retry with the same Idempotency-Key",
+        type="service_unavailable",
+        code="replica_acks_missing",
+    )
+    return error_response(503, error, {"Retry-After": str(REDIS_DOWN_RETRY_AFTER)})
+
+
 async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
     # Last resort only: the tests drive generated input through every route and expect none here.
     log.exception("unexpected error serving %s %s", request.method, request.url.path)
@@ -199,4 +210,5 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(redis.ConnectionError, _on_redis_down)
     app.add_exception_handler(redis.TimeoutError, _on_redis_down)
     app.add_exception_handler(redis.exceptions.OutOfMemoryError, _on_redis_full)
+    app.add_exception_handler(ReplicaAcksMissing, _on_acks_missing)
     app.add_exception_handler(Exception, _on_unexpected)

@@ -14,7 +14,7 @@ from rich.table import Table
 from producer.api.keys import ApiKey, ApiKeyError, ApiKeyStore, Role
 from shared.cli_support import EXIT_BAD_INPUT, fail, load_settings, print_json, redis_failure
 from shared.keys import QueueKeys
-from shared.redis_conn import RedisUnavailable, connect
+from shared.redis_conn import RedisUnavailable, connect_from
 
 app = typer.Typer(add_completion=False, help="Manage branch API keys.")
 
@@ -25,7 +25,7 @@ JsonOption = typer.Option(False, "--json", help="print one JSON document")
 def _store(queue: str | None) -> ApiKeyStore:
     settings = load_settings(queue_name=queue)
     try:
-        client = connect(settings.redis_url)
+        client = connect_from(settings)
     except RedisUnavailable as exc:
         redis_failure(exc)
     return ApiKeyStore(client, QueueKeys(settings.queue_name))

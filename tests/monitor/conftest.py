@@ -30,8 +30,8 @@ def fake_clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
 
 
 @pytest.fixture
-def rq_conn(redis_url: str) -> Iterator[Redis]:
-    conn = Redis.from_url(redis_url)
+def rq_conn(rq_url: str) -> Iterator[Redis]:
+    conn = Redis.from_url(rq_url, socket_connect_timeout=2, socket_timeout=10)
     yield conn
     conn.close()
 

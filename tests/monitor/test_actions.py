@@ -181,12 +181,12 @@ def test_hook_errors_name_the_hook_and_the_reason(tmp_path: Path) -> None:
 def test_the_monitors_own_rq_worker_process_runs_the_actions(
     make_monitor: MonitorFactory,
     redis_client: Redis,
-    redis_url: str,
+    rq_url: str,
     rq_queues: RqQueues,
     fake_clock: FakeClock,
 ) -> None:
     monitor = make_monitor()
-    worker = start_worker_process(redis_url, [rq_queues.jobs.actions_queue])
+    worker = start_worker_process(rq_url, [rq_queues.jobs.actions_queue])
     try:
         fill(monitor.queue, 31)
         monitor.tick()

@@ -25,8 +25,12 @@ from shared.queue import TicketQueue
 from shared.shed import ShedCode
 from tests.private_redis import private_redis
 from tests.producer.api.server import serve
+from tests.redis_cluster import ON_CLUSTER
 
 MAXMEMORY = 64 * 1024 * 1024
+
+# Each test runs a small single Redis of its own, while a cluster run's environment names the cluster.
+pytestmark = pytest.mark.skipif(ON_CLUSTER, reason="runs on a private single Redis, not the suite's")
 
 
 @pytest.fixture

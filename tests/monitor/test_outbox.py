@@ -12,6 +12,7 @@ from ops.monitor.dispatch import CALLBACK_FUNCTION
 from ops.monitor.outbox import OutboxDrainer
 from tests.monitor.conftest import MonitorFactory
 from tests.monitor.support import RqQueues, fill, ticket
+from tests.redis_cluster import ON_CLUSTER
 
 
 def test_outbox_ids_become_callback_jobs_oldest_first(
@@ -32,7 +33,7 @@ def test_outbox_ids_become_callback_jobs_oldest_first(
 def test_a_crash_between_move_and_enqueue_loses_nothing(
     redis_client: Redis, rq_conn: Redis, rq_queues: RqQueues, queue_name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    drainer = OutboxDrainer(rq_conn, queue_name, rq_queues.jobs)
+    drainer = OutboxDrainer(rq_conn, queue_name, rq_queues.jobs, redis_client if ON_CLUSTER else None)
     redis_client.lpush(drainer.keys.outbox, "t1", "t2")
 
     def crash(ticket_ids: list[str]) -> int:
@@ -45,7 +46,7 @@ def test_a_crash_between_move_and_enqueue_loses_nothing(
     assert rq_queues.callbacks.job_ids == []
 
     monkeypatch.undo()
-    restarted = OutboxDrainer(rq_conn, queue_name, rq_queues.jobs)
+    restarted = OutboxDrainer(rq_conn, queue_name, rq_queues.jobs, redis_client if ON_CLUSTER else None)
     assert restarted.drain() == 2
     assert len(rq_queues.callbacks.job_ids) == 2
     assert redis_client.llen(restarted.keys.outbox_processing) == 0
@@ -54,7 +55,7 @@ def test_a_crash_between_move_and_enqueue_loses_nothing(
 def test_handing_the_same_ticket_over_twice_keeps_one_job(
     redis_client: Redis, rq_conn: Redis, rq_queues: RqQueues, queue_name: str
 ) -> None:
-    drainer = OutboxDrainer(rq_conn, queue_name, rq_queues.jobs)
+    drainer = OutboxDrainer(rq_conn, queue_name, rq_queues.jobs, redis_client if ON_CLUSTER else None)
     redis_client.lpush(drainer.keys.outbox, "t1")
     drainer.drain()
     redis_client.lpush(drainer.keys.outbox_processing, "t1")  # as if a crash had left it behind

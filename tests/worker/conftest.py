@@ -23,6 +23,7 @@ from redis import Redis
 from ops.lab.sim.process import SimulatorProcess
 from shared.policy import Policy, default_policy_text, parse_policy
 from shared.queue import TicketQueue
+from tests.redis_cluster import suite_env
 from worker.config import WorkerConfig
 from worker.gpu_memory import make_provider
 from worker.worker import Worker
@@ -144,8 +145,8 @@ def start_worker(
 def worker_env(redis_url: str, fast_policy_file: Path) -> dict[str, str]:
     """Environment for worker processes: the test Redis and the fast policy."""
     env = dict(os.environ)
+    env.update(suite_env(redis_url))
     env.update(
-        TIDEGATE_REDIS_URL=redis_url,
         TIDEGATE_POLICY_FILE=str(fast_policy_file),
         PYTHONUNBUFFERED="1",
     )

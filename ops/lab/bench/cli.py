@@ -29,6 +29,9 @@ def queue_command(
     repeat: int = typer.Option(3, "--repeat", min=1, help="runs per figure; medians are reported"),
     output: Path | None = typer.Option(None, "--output", help="write the JSON result here too"),
     as_json: bool = typer.Option(False, "--json"),
+    cluster: bool = typer.Option(
+        False, "--cluster", help="on a Redis Cluster: one queue's drain rate beside one queue per master"
+    ),
 ) -> None:
     """Enqueue and pop→ack throughput beside raw Redis and RQ, measured in the same run."""
     from ops.lab.bench.queue_bench import QueueBench, Sizes, ratios
@@ -38,6 +41,9 @@ def queue_command(
         url = resolve_redis_url(settings.redis_url)
     except RedisUnavailable as exc:
         fail(str(exc))
+    if cluster:
+        _cluster_command(url, settings.redis_cluster, quick, repeat, output)
+        return
     result = QueueBench(url, Sizes.quick() if quick else Sizes(), repeat).run_all()
     doc = {
         "redis_url": url,
@@ -66,6 +72,18 @@ def queue_command(
     for name, value in ratios(result).items():
         rat.add_row(name, f"{value:.2f}")
     console.print(rat)
+
+
+def _cluster_command(url: str, on_cluster: bool, quick: bool, repeat: int, output: Path | None) -> None:
+    from ops.lab.bench.cluster_bench import run
+
+    if not on_cluster:
+        fail("--cluster: set TIDEGATE_REDIS_CLUSTER=true and TIDEGATE_REDIS_URL to a node of the cluster", 2)
+    doc = run(url, tickets=3_000 if quick else 12_000, repeat=repeat).to_dict()
+    if output:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(json.dumps(doc, indent=2))
+    print_json(doc)
 
 
 def _parse_mix(text: str, known: list[str]) -> dict[str, float]:

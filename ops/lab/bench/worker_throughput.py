@@ -35,7 +35,7 @@ from shared.config import Settings
 from shared.keys import QueueKeys
 from shared.models import TicketRequest
 from shared.queue import TicketQueue
-from shared.redis_conn import connect
+from shared.redis_conn import connect_from
 
 REPO = Path(__file__).resolve().parents[3]
 # (share of tickets, prompt words, max_tokens): mostly short loan and complaint texts, some long files.
@@ -138,7 +138,7 @@ def run_worker(
     settings: Settings, base_url: str, tickets: list[dict[str, Any]], concurrency: int
 ) -> tuple[Phase, float, float]:
     """Queue the tickets, drain them with one burst worker; (phase, its CPU seconds, process wall time)."""
-    client = connect(settings.redis_url)
+    client = connect_from(settings)
     queue_name = f"bench-worker-{uuid.uuid4().hex[:8]}"
     queue = TicketQueue(client, settings.policy, queue_name)
     try:

@@ -7,11 +7,11 @@ import time
 from collections import Counter
 
 import pytest
-from redis import Redis
 
 from shared.models import TicketRequest, TicketStatus
 from shared.policy import Policy, load_policy
 from shared.queue import TicketQueue
+from tests.redis_cluster import suite_client
 
 TICKETS = 3000
 CONSUMERS = 8
@@ -26,7 +26,7 @@ def consume(redis_url: str, queue_name: str, worker: str, abandon_every: int) ->
     With `abandon_every` > 0 this consumer "dies" holding every n-th batch: it never acks it, as a
     worker killed with -9 would, and the reaper must give those tickets to someone else.
     """
-    queue = TicketQueue(Redis.from_url(redis_url, decode_responses=True), load_policy(), queue_name)
+    queue = TicketQueue(suite_client(redis_url), load_policy(), queue_name)
     events: list[tuple[str, str]] = []
     idle_since = time.monotonic()
     batches = 0
