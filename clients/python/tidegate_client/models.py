@@ -192,6 +192,8 @@ class QueuesView:
     workers: dict[str, Any]
     level_since: float | None = None
     drain_rate: float | None = None
+    breakers: list[dict[str, Any]] = field(default_factory=list)
+    """Each inference endpoint's circuit breaker as the API sent it (level, state, error rates)."""
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> QueuesView:
