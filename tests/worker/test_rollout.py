@@ -1,0 +1,268 @@
+"""Rollouts end to end: a worker, a primary and a candidate simulator, the monitor's wave judge.
+
+The two simulators serve different model versions, so each ticket's recorded model says which
+endpoint answered it. The monitor's part runs as its `RolloutController`, ticked by the test, so
+a wave is judged exactly when the test has put its traffic through.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from redis import Redis
+
+from ops.lab.procs.ports import free_port
+from ops.lab.sim.process import SimulatorProcess
+from ops.monitor.dispatch import JobOptions
+from ops.monitor.rollout_controller import RolloutController
+from shared import clock
+from shared.control import read_events
+from shared.keys import QueueKeys
+from shared.policy import Policy
+from shared.queue import TicketQueue
+from shared.rollout import RolloutState, RolloutStatus
+from shared.rollout_stats import read_shadow
+from shared.rollout_store import RolloutStore
+from tests.worker.conftest import RunningWorker, sim_metric, wait_for
+from tests.worker.support import producer_for, wait_all_ended
+from worker.config import WorkerConfig
+from worker.gpu_memory import make_provider
+from worker.worker import Worker
+
+PRIMARY_MODEL = "qwen-sim:2026.11"
+CANDIDATE_MODEL = "qwen-sim:2026.12"
+
+
+@pytest.fixture
+def rollout_policy(fast_policy: Policy) -> Policy:
+    # Millisecond TTFTs on a loaded test machine are noise: the TTFT rule has its own unit tests.
+    rollout = fast_policy.rollout.model_copy(
+        update={"min_samples": 3, "shadow_concurrency": 32, "ttft_p95_margin": 5.0}
+    )
+    # Tickets of a refused candidate retry until the rollback sends them to the primary.
+    queue = fast_policy.queue.model_copy(update={"max_attempts": 20})
+    return fast_policy.model_copy(update={"rollout": rollout, "queue": queue})
+
+
+@pytest.fixture
+def controller(redis_url: str, rollout_policy: Policy, queue_name: str) -> Iterator[RolloutController]:
+    rq_conn = Redis.from_url(redis_url, socket_timeout=10, socket_connect_timeout=5)
+    jobs = JobOptions(actions_queue=f"actions-{queue_name}")
+    yield RolloutController(rq_conn, rollout_policy, QueueKeys(queue_name), jobs)
+    leftovers = list(rq_conn.scan_iter(match=f"rq:*{queue_name}*", count=1000))
+    if leftovers:
+        rq_conn.delete(*leftovers)
+    rq_conn.srem("rq:queues", f"rq:queue:{jobs.actions_queue}")
+    rq_conn.close()
+
+
+@pytest.fixture
+def worker_on(
+    redis_client: Redis, rollout_policy: Policy, queue_name: str
+) -> Iterator[Callable[[str], RunningWorker]]:
+    started: list[RunningWorker] = []
+
+    def start(vllm_url: str) -> RunningWorker:
+        config = WorkerConfig(
+            gpu=0,
+            vllm_url=vllm_url,
+            worker_id=f"w-{queue_name}",
+            queue_name=queue_name,
+            lease_seconds=rollout_policy.queue.lease_seconds,
+            grace_seconds=5.0,
+            heartbeat_seconds=0.5,
+            resize_seconds=0.2,
+            block_seconds=0.2,
+        )
+        worker = Worker(config, redis_client, rollout_policy, gpu_provider=make_provider("sim", vllm_url))
+        worker.rollout.refresh_seconds = 0.0  # see every step at once; production waits REFRESH_SECONDS
+        running = RunningWorker(worker)
+        started.append(running)
+        running.thread.start()
+        return running
+
+    yield start
+    for running in started:
+        running.stop()
+
+
+def start_rollout(redis_client: Redis, queue_name: str, url: str, **fields: Any) -> RolloutState:
+    settings: dict[str, Any] = {"interval_seconds": 0.2, "shadow_fraction": 0.0, "version": "2026.12"}
+    settings.update(fields)
+    return RolloutStore(redis_client, QueueKeys(queue_name)).start(
+        candidate_url=url, actor="test", **settings
+    )
+
+
+def submit_for(queue: TicketQueue, branches: list[str], per_branch: int = 1) -> dict[str, str]:
+    """Submit short complaints; ticket id -> branch."""
+    producer = producer_for(queue)
+    out: dict[str, str] = {}
+    for branch in branches:
+        for n in range(per_branch):
+            body = {
+                "type": "complaint",
+                "branch_id": branch,
+                "prompt": f"{branch} asks {n} " * 8,
+                "max_tokens": 8,
+            }
+            out[producer.submit(body).ticket_id] = branch
+    return out
+
+
+def served_by(queue: TicketQueue, ids: dict[str, str]) -> dict[str, str]:
+    """Ticket id -> the model that answered it, once all are done."""
+    tickets = wait_all_ended(queue, list(ids), 60, "every ticket to end")
+    assert [t.status.value for t in tickets] == ["done"] * len(tickets), [t.error for t in tickets]
+    return {t.id: str((t.usage or {}).get("model")) for t in tickets}
+
+
+def rollout_steps(redis_client: Redis, queue_name: str) -> list[dict[str, str]]:
+    events = read_events(redis_client, QueueKeys(queue_name), 200)
+    return [e for e in reversed(events) if e.get("kind") == "rollout"]
+
+
+def test_a_healthy_candidate_advances_wave_by_wave_and_branch_3_joins_at_wave_3(
+    simulator: Callable[..., SimulatorProcess],
+    worker_on: Callable[[str], RunningWorker],
+    controller: RolloutController,
+    redis_client: Redis,
+    rollout_policy: Policy,
+    queue_name: str,
+) -> None:
+    primary = simulator(model=PRIMARY_MODEL)
+    candidate = simulator(model=CANDIDATE_MODEL)
+    queue = TicketQueue(redis_client, rollout_policy, queue_name)
+    worker_on(primary.base_url)
+    state = start_rollout(redis_client, queue_name, candidate.base_url)
+    branches = [f"b{d}" for d in range(10)]
+    for wave in range(10):
+        ids = submit_for(queue, branches, per_branch=3)
+        models = served_by(queue, ids)
+        for ticket_id, branch in ids.items():
+            expected = CANDIDATE_MODEL if int(branch[-1]) <= wave else PRIMARY_MODEL
+            assert models[ticket_id] == expected, f"wave {wave}: {branch} was served by {models[ticket_id]}"
+        time.sleep(max(state.wave_due_at() - clock.now(), 0))
+        state = controller.tick(clock.now()) or state
+        assert state.wave == wave + 1 or state.status is RolloutStatus.COMPLETE, f"wave {wave} did not pass"
+    assert state.status is RolloutStatus.COMPLETE
+    steps = [e["step"] for e in rollout_steps(redis_client, queue_name)]
+    assert steps == ["start"] + ["advance"] * 10
+    ids = submit_for(queue, ["b3", "hq"])
+    assert set(served_by(queue, ids).values()) == {CANDIDATE_MODEL}, "a complete rollout serves everyone"
+
+
+def test_a_failing_candidate_is_rolled_back_in_its_first_wave_and_no_ticket_is_lost(
+    simulator: Callable[..., SimulatorProcess],
+    worker_on: Callable[[str], RunningWorker],
+    controller: RolloutController,
+    redis_client: Redis,
+    rollout_policy: Policy,
+    queue_name: str,
+) -> None:
+    primary = simulator(model=PRIMARY_MODEL)
+    down = f"http://127.0.0.1:{free_port()}"  # nothing listens: every call is refused
+    queue = TicketQueue(redis_client, rollout_policy, queue_name)
+    worker_on(primary.base_url)
+    state = start_rollout(redis_client, queue_name, down, interval_seconds=0.5)
+    ids = submit_for(queue, [f"b{d}" for d in range(10)], per_branch=3)
+    keys = QueueKeys(queue_name)
+    wait_for(
+        lambda: int(redis_client.hget(keys.rollout_arms(state.id), "0:candidate:error") or 0) >= 3,
+        30,
+        "the candidate to fail the wave's first calls",
+    )
+    time.sleep(max(state.wave_due_at() - clock.now(), 0))
+    rolled = wait_for(lambda: controller.tick(clock.now()), 10, "the monitor to judge the wave")
+    assert rolled.status is RolloutStatus.ROLLED_BACK and rolled.wave == 0
+    assert "error rate" in rolled.reason
+    models = served_by(queue, ids)
+    assert set(models.values()) == {PRIMARY_MODEL}, (
+        "after the rollback every ticket is answered by the primary"
+    )
+    stats = queue.stats()
+    assert (
+        stats.outcome_count("complaint", "submitted") == len(ids) == stats.outcome_count("complaint", "done")
+    )
+    (rollback,) = [e for e in rollout_steps(redis_client, queue_name) if e["step"] == "rollback"]
+    assert rollback["actor"] == "monitor" and float(rollback["candidate_error_rate"]) == 1.0
+    assert controller.actions_queue.count == 1, "the notify job is queued with the rollback"
+
+
+def test_a_ticket_running_when_its_wave_starts_finishes_on_the_primary(
+    simulator: Callable[..., SimulatorProcess],
+    worker_on: Callable[[str], RunningWorker],
+    controller: RolloutController,
+    redis_client: Redis,
+    rollout_policy: Policy,
+    queue_name: str,
+) -> None:
+    primary = simulator(model=PRIMARY_MODEL, time_scale=2)
+    candidate = simulator(model=CANDIDATE_MODEL)
+    queue = TicketQueue(redis_client, rollout_policy, queue_name)
+    worker_on(primary.base_url)
+    state = start_rollout(redis_client, queue_name, candidate.base_url)
+    producer = producer_for(queue)
+    body = {"type": "archive_query", "branch_id": "b1", "prompt": "long history " * 8, "max_tokens": 200}
+    long_id = producer.submit(body).ticket_id
+    wait_for(
+        lambda: (t := queue.get(long_id)) is not None and t.first_token_at, 20, "the long ticket to stream"
+    )
+    store = RolloutStore(redis_client, QueueKeys(queue_name))
+    moved = store.advance(state.wave, "test")
+    assert moved.wave == 1, "branch b1 is now in a started wave"
+    after = submit_for(queue, ["b1"])
+    assert set(served_by(queue, after).values()) == {CANDIDATE_MODEL}
+    (finished,) = wait_all_ended(queue, [long_id], 60, "the long ticket to end")
+    assert finished.status.value == "done" and finished.attempts == 1
+    assert (finished.usage or {}).get("model") == PRIMARY_MODEL, "it finished where it started"
+
+
+def test_shadow_traffic_reaches_the_candidate_at_its_fraction_stops_at_orange_and_is_never_an_answer(
+    simulator: Callable[..., SimulatorProcess],
+    worker_on: Callable[[str], RunningWorker],
+    redis_client: Redis,
+    rollout_policy: Policy,
+    queue_name: str,
+) -> None:
+    primary = simulator(model=PRIMARY_MODEL)
+    candidate = simulator(model=CANDIDATE_MODEL)
+    queue = TicketQueue(redis_client, rollout_policy, queue_name)
+    running = worker_on(primary.base_url)
+    fraction = 0.3
+    state = start_rollout(
+        redis_client, queue_name, candidate.base_url, shadow_fraction=fraction, interval_seconds=3600
+    )
+    count = 120
+    ids = submit_for(queue, ["b5"], per_branch=count)  # digit 5: not in wave 0, so on the primary
+    models = served_by(queue, ids)
+    assert set(models.values()) == {PRIMARY_MODEL}, "no branch receives a shadow answer"
+    keys = QueueKeys(queue_name)
+
+    def settled() -> int:
+        shadow = running.worker.rollout.shadow
+        return len(read_shadow(redis_client, keys, state.id)) if shadow._busy == 0 else 0
+
+    wait_for(settled, 20, "the shadow calls to finish")
+    records = read_shadow(redis_client, keys, state.id)
+    margin = 4 * math.sqrt(count * fraction * (1 - fraction))
+    assert abs(len(records) - count * fraction) <= margin, f"{len(records)} shadows of {count} at {fraction}"
+    assert running.worker.rollout.shadow.skipped == {"level": 0, "unhealthy": 0, "busy": 0}
+    assert sim_metric(candidate.base_url, "vllm:request_success_total") == len(records)
+    assert {r["candidate"]["model"] for r in records} == {CANDIDATE_MODEL}
+    assert all(0.0 <= r["similarity"] <= 1.0 and r["primary"]["ttft_seconds"] is not None for r in records)
+    for record in records:
+        assert models[record["ticket"]] == PRIMARY_MODEL
+
+    redis_client.hset(
+        keys.alarm, mapping={"level": "orange", "since": clock.now(), "updated_at": clock.now() + 600}
+    )
+    more = submit_for(queue, ["b5"], per_branch=40)
+    assert set(served_by(queue, more).values()) == {PRIMARY_MODEL}
+    time.sleep(0.3)
+    assert len(read_shadow(redis_client, keys, state.id)) == len(records), "no shadow call at orange"
+    assert running.worker.rollout.shadow.skipped["level"] > 0
