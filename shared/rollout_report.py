@@ -6,9 +6,11 @@ from collections.abc import Sequence
 from statistics import fmean
 from typing import Any
 
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
 from shared.keys import QueueKeys
 from shared.rollout import ARMS, WAVES
-from shared.rollout_stats import percentile, read_shadow, read_wave_stats
+from shared.rollout_stats import OUTCOMES, percentile, read_shadow, read_wave_stats
 from shared.rollout_store import read_rollout
 
 SHADOW_ARMS = {"primary": "control", "candidate": "candidate"}
@@ -92,3 +94,30 @@ def rollout_report(client: Any, keys: QueueKeys) -> dict[str, Any] | None:
         for key in SHADOW_ARMS
     }
     return {"rollout": state.to_dict(), "waves": waves, "shadow": ab_report(records), "samples": samples}
+
+
+def rollout_metric_families(client: Any, keys: QueueKeys) -> list[Metric]:
+    """`tidegate_rollout_wave` (-1 with no rollout) and the current rollout's calls per arm and outcome."""
+    wave = GaugeMetricFamily(
+        "tidegate_rollout_wave",
+        "Canary wave of the model rollout: 0-9 running or paused, 10 complete, -1 none.",
+        labels=["version", "status"],
+    )
+    calls = CounterMetricFamily(
+        "tidegate_rollout_calls",
+        "Calls of the current rollout by arm (candidate, primary) and outcome (ok, error, shed, client).",
+        labels=["arm", "outcome"],
+    )
+    state = read_rollout(client, keys)
+    if state is None:
+        wave.add_metric(["", "none"], -1)
+        return [wave, calls]
+    wave.add_metric([state.version, state.status.value], state.wave)
+    totals = {(arm, outcome): 0 for arm in ARMS for outcome in OUTCOMES}
+    for field, value in client.hgetall(keys.rollout_arms(state.id)).items():
+        name = field.decode() if isinstance(field, bytes) else str(field)
+        _wave, arm, outcome = name.split(":", 2)
+        totals[(arm, outcome)] = totals.get((arm, outcome), 0) + int(value)
+    for (arm, outcome), value in sorted(totals.items()):
+        calls.add_metric([arm, outcome], value)
+    return [wave, calls]
