@@ -121,11 +121,15 @@ class RolloutController:
             )
             return new
         job = self._notify_job(state, verdict)
+
+        def enqueue_notify(pipe: Any) -> None:
+            self.actions_queue.enqueue_many([job], pipeline=pipe)
+
         new = self.store.rollback(
             MONITOR_ACTOR,
             f"wave {state.wave}: {verdict.reason}",
             expected_wave=state.wave,
-            also=lambda pipe: self.actions_queue.enqueue_many([job], pipeline=pipe),
+            also=enqueue_notify,
             figures=verdict.figures,
         )
         log.warning("rollout %s rolled back in wave %d: %s", state.id, state.wave, verdict.reason)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import cast
 
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -132,7 +133,7 @@ def test_the_report_compares_shadow_answers_and_the_metrics_show_the_rollout(
     )
     assert doc["shadow"]["similarity_mean"] == 0.5
     assert control["ttft_p95_seconds"] == 1.2 and candidate["ttft_p50_seconds"] == 0.7
-    assert redis_client.ttl(keys.rollout_shadow(state.id)) > 0, "shadow records expire"
+    assert cast("int", redis_client.ttl(keys.rollout_shadow(state.id))) > 0, "shadow records expire"
     figures = samples()
     assert figures[("tidegate_rollout_wave", (("status", "running"), ("version", "v2")))] == 0
     assert figures[("tidegate_rollout_calls_total", (("arm", "candidate"), ("outcome", "error")))] == 1

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from redis import Redis
@@ -172,7 +172,9 @@ def test_a_failing_candidate_is_rolled_back_in_its_first_wave_and_no_ticket_is_l
     ids = submit_for(queue, [f"b{d}" for d in range(10)], per_branch=3)
     keys = QueueKeys(queue_name)
     wait_for(
-        lambda: int(redis_client.hget(keys.rollout_arms(state.id), "0:candidate:error") or 0) >= 3,
+        lambda: (
+            int(cast("str", redis_client.hget(keys.rollout_arms(state.id), "0:candidate:error") or 0)) >= 3
+        ),
         30,
         "the candidate to fail the wave's first calls",
     )
