@@ -7,6 +7,7 @@ a wave is judged exactly when the test has put its traffic through.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -28,6 +29,7 @@ from shared.rollout import RolloutState, RolloutStatus
 from shared.rollout_stats import read_shadow
 from shared.rollout_store import RolloutStore
 from tests.worker.conftest import RunningWorker, sim_metric, wait_for
+from tests.worker.fault_proxy import FaultProxy
 from tests.worker.support import producer_for, wait_all_ended
 from worker.config import WorkerConfig
 from worker.gpu_memory import make_provider
@@ -121,6 +123,13 @@ def served_by(queue: TicketQueue, ids: dict[str, str]) -> dict[str, str]:
     return {t.id: str((t.usage or {}).get("model")) for t in tickets}
 
 
+def publish_level(redis_client: Redis, keys: QueueKeys, level: str) -> None:
+    """Publish `level` as fresh for the rest of the test."""
+    redis_client.hset(
+        keys.alarm, mapping={"level": level, "since": clock.now(), "updated_at": clock.now() + 600}
+    )
+
+
 def rollout_steps(redis_client: Redis, queue_name: str) -> list[dict[str, str]]:
     events = read_events(redis_client, QueueKeys(queue_name), 200)
     return [e for e in reversed(events) if e.get("kind") == "rollout"]
@@ -156,7 +165,9 @@ def test_a_healthy_candidate_advances_wave_by_wave_and_branch_3_joins_at_wave_3(
     assert set(served_by(queue, ids).values()) == {CANDIDATE_MODEL}, "a complete rollout serves everyone"
 
 
+@pytest.mark.parametrize("fault", ["errors", "refused"])
 def test_a_failing_candidate_is_rolled_back_in_its_first_wave_and_no_ticket_is_lost(
+    fault: str,
     simulator: Callable[..., SimulatorProcess],
     worker_on: Callable[[str], RunningWorker],
     controller: RolloutController,
@@ -165,33 +176,41 @@ def test_a_failing_candidate_is_rolled_back_in_its_first_wave_and_no_ticket_is_l
     queue_name: str,
 ) -> None:
     primary = simulator(model=PRIMARY_MODEL)
-    down = f"http://127.0.0.1:{free_port()}"  # nothing listens: every call is refused
-    queue = TicketQueue(redis_client, rollout_policy, queue_name)
-    worker_on(primary.base_url)
-    state = start_rollout(redis_client, queue_name, down, interval_seconds=0.5)
-    ids = submit_for(queue, [f"b{d}" for d in range(10)], per_branch=3)
-    keys = QueueKeys(queue_name)
-    wait_for(
-        lambda: (
-            int(cast("str", redis_client.hget(keys.rollout_arms(state.id), "0:candidate:error") or 0)) >= 3
-        ),
-        30,
-        "the candidate to fail the wave's first calls",
-    )
-    time.sleep(max(state.wave_due_at() - clock.now(), 0))
-    rolled = wait_for(lambda: controller.tick(clock.now()), 10, "the monitor to judge the wave")
-    assert rolled.status is RolloutStatus.ROLLED_BACK and rolled.wave == 0
-    assert "error rate" in rolled.reason
-    models = served_by(queue, ids)
-    assert set(models.values()) == {PRIMARY_MODEL}, (
-        "after the rollback every ticket is answered by the primary"
-    )
+    with contextlib.ExitStack() as stack:
+        if fault == "errors":  # half its calls answer 500, the others are answered
+            url = stack.enter_context(FaultProxy(simulator(model=CANDIDATE_MODEL).base_url, 0.5)).url
+        else:  # nothing listens: every call is refused
+            url = f"http://127.0.0.1:{free_port()}"
+        queue = TicketQueue(redis_client, rollout_policy, queue_name)
+        worker_on(primary.base_url)
+        state = start_rollout(redis_client, queue_name, url, interval_seconds=0.5)
+        ids = submit_for(queue, [f"b{d}" for d in range(10)], per_branch=3)
+        keys = QueueKeys(queue_name)
+        wait_for(
+            lambda: (
+                int(cast("str", redis_client.hget(keys.rollout_arms(state.id), "0:candidate:error") or 0))
+                >= 3
+            ),
+            30,
+            "the candidate to fail some of the wave's calls",
+        )
+        time.sleep(max(state.wave_due_at() - clock.now(), 0))
+        rolled = wait_for(lambda: controller.tick(clock.now()), 10, "the monitor to judge the wave")
+        assert rolled.status is RolloutStatus.ROLLED_BACK and rolled.wave == 0
+        assert "error rate" in rolled.reason
+        models = served_by(queue, ids)
+        later = submit_for(queue, ["b0", "b5"], per_branch=3)
+        assert set(served_by(queue, later).values()) == {PRIMARY_MODEL}, "after the rollback: the primary"
+    on_candidate = {ids[i] for i, model in models.items() if model == CANDIDATE_MODEL}
+    assert on_candidate <= {"b0"}, "only wave 0's branch ever reached the candidate"
+    assert set(models.values()) <= {PRIMARY_MODEL, CANDIDATE_MODEL}
     stats = queue.stats()
+    submitted = len(ids) + len(later)
     assert (
-        stats.outcome_count("complaint", "submitted") == len(ids) == stats.outcome_count("complaint", "done")
+        stats.outcome_count("complaint", "submitted") == submitted == stats.outcome_count("complaint", "done")
     )
     (rollback,) = [e for e in rollout_steps(redis_client, queue_name) if e["step"] == "rollback"]
-    assert rollback["actor"] == "monitor" and float(rollback["candidate_error_rate"]) == 1.0
+    assert rollback["actor"] == "monitor" and float(rollback["candidate_error_rate"]) > 0.05
     assert controller.actions_queue.count == 1, "the notify job is queued with the rollback"
 
 
@@ -235,6 +254,9 @@ def test_shadow_traffic_reaches_the_candidate_at_its_fraction_stops_at_orange_an
     candidate = simulator(model=CANDIDATE_MODEL)
     queue = TicketQueue(redis_client, rollout_policy, queue_name)
     running = worker_on(primary.base_url)
+    keys = QueueKeys(queue_name)
+    # As a monitor would publish it: without one the level follows depth, and 120 tickets are red.
+    publish_level(redis_client, keys, "green")
     fraction = 0.3
     state = start_rollout(
         redis_client, queue_name, candidate.base_url, shadow_fraction=fraction, interval_seconds=3600
@@ -243,7 +265,6 @@ def test_shadow_traffic_reaches_the_candidate_at_its_fraction_stops_at_orange_an
     ids = submit_for(queue, ["b5"], per_branch=count)  # digit 5: not in wave 0, so on the primary
     models = served_by(queue, ids)
     assert set(models.values()) == {PRIMARY_MODEL}, "no branch receives a shadow answer"
-    keys = QueueKeys(queue_name)
 
     def settled() -> int:
         shadow = running.worker.rollout.shadow
@@ -260,9 +281,7 @@ def test_shadow_traffic_reaches_the_candidate_at_its_fraction_stops_at_orange_an
     for record in records:
         assert models[record["ticket"]] == PRIMARY_MODEL
 
-    redis_client.hset(
-        keys.alarm, mapping={"level": "orange", "since": clock.now(), "updated_at": clock.now() + 600}
-    )
+    publish_level(redis_client, keys, "orange")
     more = submit_for(queue, ["b5"], per_branch=40)
     assert set(served_by(queue, more).values()) == {PRIMARY_MODEL}
     time.sleep(0.3)
