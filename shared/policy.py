@@ -227,6 +227,9 @@ class RolloutPolicy(_Strict):
     error_rate_margin: float = Field(default=0.05, ge=0, le=1)
     shed_rate_margin: float = Field(default=0.05, ge=0, le=1)
     ttft_p95_margin: float = Field(default=0.25, ge=0)
+    ttft_p95_slack_seconds: float = Field(
+        default=0.05, ge=0, description="TTFT p95 differences below this are noise, never a regression"
+    )
     min_samples: int = Field(default=20, ge=1, description="candidate calls a wave needs before it is judged")
     latency_samples: int = Field(default=2000, ge=10, description="TTFT samples kept per arm and wave")
     shadow_records: int = Field(default=5000, ge=10, description="A/B records kept per rollout")

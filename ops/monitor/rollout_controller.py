@@ -72,7 +72,7 @@ def judge(candidate: ArmStats, control: ArmStats, policy: RolloutPolicy) -> Verd
     cand_p95, ctrl_p95 = candidate.ttft_p95, control.ttft_p95
     enough = min(len(candidate.ttft_samples), len(control.ttft_samples)) >= policy.min_samples
     if enough and cand_p95 is not None and ctrl_p95 is not None:
-        limit = ctrl_p95 * (1 + policy.ttft_p95_margin)
+        limit = max(ctrl_p95 * (1 + policy.ttft_p95_margin), ctrl_p95 + policy.ttft_p95_slack_seconds)
         if cand_p95 > limit:
             return Verdict(
                 "rollback",

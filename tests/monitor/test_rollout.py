@@ -17,7 +17,13 @@ from shared.rollout_store import RolloutError, RolloutStore
 from tests.monitor.conftest import MonitorFactory
 from tests.monitor.support import FakeClock, RqQueues
 
-POLICY = RolloutPolicy(min_samples=10, error_rate_margin=0.05, shed_rate_margin=0.05, ttft_p95_margin=0.25)
+POLICY = RolloutPolicy(
+    min_samples=10,
+    error_rate_margin=0.05,
+    shed_rate_margin=0.05,
+    ttft_p95_margin=0.25,
+    ttft_p95_slack_seconds=0.02,
+)
 
 
 def arm(name: str, ok: int, error: int = 0, shed: int = 0, ttft: float = 0.1, client: int = 0) -> ArmStats:
@@ -34,6 +40,7 @@ def arm(name: str, ok: int, error: int = 0, shed: int = 0, ttft: float = 0.1, cl
         (arm("candidate", 20, error=1), arm("primary", 50, error=3), "advance", "within"),
         (arm("candidate", 20, shed=3), arm("primary", 50), "rollback", "shed rate"),
         (arm("candidate", 20, ttft=0.13), arm("primary", 50, ttft=0.1), "rollback", "TTFT p95 0.130"),
+        (arm("candidate", 20, ttft=0.015), arm("primary", 50, ttft=0.005), "advance", "within"),
         (arm("candidate", 20, ttft=0.12), arm("primary", 50, ttft=0.1), "advance", "within"),
         (arm("candidate", 20, ttft=9.0), arm("primary", 5, ttft=0.1), "advance", "within"),
         (arm("candidate", 20, error=2), arm("primary", 3, error=5), "rollback", "against the control's 0.0%"),
