@@ -1,4 +1,4 @@
-"""The monitor's part of a rollout: at the end of each wave, judge it, then advance or roll back.
+"""The monitor's part of a rollout: judge each wave, advance it at its end or roll back.
 
 `judge` is pure: the candidate's error rate, shed rate and TTFT p95 over the wave against the
 control's (the primary's calls in the same wave, so the same interval). A candidate short of
@@ -96,12 +96,18 @@ class RolloutController:
         """The wave last recorded as held for samples, so the hold is one event, not one per sample."""
 
     def tick(self, at: float) -> RolloutState | None:
-        """Judge the running wave once its interval is over; returns the new state when it changed."""
+        """Judge the running wave; returns the new state when it changed.
+
+        A wave advances only once its interval is over, but a candidate already worse with enough
+        samples is rolled back at once: waiting out the interval would only hurt more branches' tickets.
+        """
         state = self.store.read()
-        if state is None or state.status is not RolloutStatus.RUNNING or at < state.wave_due_at():
+        if state is None or state.status is not RolloutStatus.RUNNING:
             return None
         stats = read_wave_stats(self.redis, self.keys, state.id, state.wave)
         verdict = judge(stats["candidate"], stats["primary"], self.policy.rollout)
+        if at < state.wave_due_at() and verdict.action != "rollback":
+            return None
         try:
             return self._apply(state, verdict)
         except RolloutError as exc:  # an operator stepped in between reading and writing
