@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import redis
@@ -68,9 +69,16 @@ class ArmClient:
         """The endpoint whose outcome the breaker counts for this call."""
         return self.client
 
-    def run(self, ticket: Ticket, *, max_tokens: int, handle: RequestHandle) -> Completion:
+    def run(
+        self,
+        ticket: Ticket,
+        *,
+        max_tokens: int,
+        handle: RequestHandle,
+        on_text: Callable[[str], None] | None = None,
+    ) -> Completion:
         try:
-            completion = self.client.run(ticket, max_tokens=max_tokens, handle=handle)
+            completion = self.client.run(ticket, max_tokens=max_tokens, handle=handle, on_text=on_text)
         except VllmError as error:
             self.router.record(self.rollout, self.arm, call_outcome(error), None)
             raise
