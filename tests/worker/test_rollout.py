@@ -23,6 +23,7 @@ from ops.monitor.rollout_controller import RolloutController
 from shared import clock
 from shared.control import read_events
 from shared.keys import QueueKeys
+from shared.models import Ticket, TicketRequest
 from shared.policy import Policy
 from shared.queue import TicketQueue
 from shared.rollout import RolloutState, RolloutStatus
@@ -33,6 +34,8 @@ from tests.worker.fault_proxy import FaultProxy
 from tests.worker.support import producer_for, wait_all_ended
 from worker.config import WorkerConfig
 from worker.gpu_memory import make_provider
+from worker.rollout_routing import RolloutRouter
+from worker.vllm_client import RequestHandle, VllmClient
 from worker.worker import Worker
 
 PRIMARY_MODEL = "qwen-sim:2026.11"
@@ -214,33 +217,49 @@ def test_a_failing_candidate_is_rolled_back_in_its_first_wave_and_no_ticket_is_l
     assert controller.actions_queue.count == 1, "the notify job is queued with the rollback"
 
 
-def test_a_ticket_running_when_its_wave_starts_finishes_on_the_primary(
+@pytest.mark.parametrize(
+    ("step", "branch", "started_on", "then_on"),
+    [
+        ("advance", "b1", PRIMARY_MODEL, CANDIDATE_MODEL),  # b1 joins the candidate at wave 1
+        ("rollback", "b0", CANDIDATE_MODEL, PRIMARY_MODEL),  # b0 leaves it with everyone
+    ],
+)
+def test_a_ticket_running_when_the_rollout_moves_finishes_where_it_started_once(
+    step: str,
+    branch: str,
+    started_on: str,
+    then_on: str,
     simulator: Callable[..., SimulatorProcess],
     worker_on: Callable[[str], RunningWorker],
-    controller: RolloutController,
     redis_client: Redis,
     rollout_policy: Policy,
     queue_name: str,
 ) -> None:
-    primary = simulator(model=PRIMARY_MODEL, time_scale=2)
-    candidate = simulator(model=CANDIDATE_MODEL)
+    slow: dict[str, Any] = {"time_scale": 2, "stop_median_tokens": 5000}  # runs its whole max_tokens
+    fast: dict[str, Any] = {}
+    primary = simulator(model=PRIMARY_MODEL, **(slow if started_on == PRIMARY_MODEL else fast))
+    candidate = simulator(model=CANDIDATE_MODEL, **(slow if started_on == CANDIDATE_MODEL else fast))
     queue = TicketQueue(redis_client, rollout_policy, queue_name)
     worker_on(primary.base_url)
     state = start_rollout(redis_client, queue_name, candidate.base_url)
-    producer = producer_for(queue)
-    body = {"type": "archive_query", "branch_id": "b1", "prompt": "long history " * 8, "max_tokens": 200}
-    long_id = producer.submit(body).ticket_id
+    body = {"type": "archive_query", "branch_id": branch, "prompt": "long history " * 8, "max_tokens": 200}
+    long_id = producer_for(queue).submit(body).ticket_id
+    slow_sim = primary if started_on == PRIMARY_MODEL else candidate
     wait_for(
-        lambda: (t := queue.get(long_id)) is not None and t.first_token_at, 20, "the long ticket to stream"
+        lambda: sim_metric(slow_sim.base_url, "vllm:num_requests_running") == 1, 20, "the long answer to run"
     )
     store = RolloutStore(redis_client, QueueKeys(queue_name))
-    moved = store.advance(state.wave, "test")
-    assert moved.wave == 1, "branch b1 is now in a started wave"
-    after = submit_for(queue, ["b1"])
-    assert set(served_by(queue, after).values()) == {CANDIDATE_MODEL}
+    moved = store.advance(state.wave, "test") if step == "advance" else store.rollback("test", "drill")
+    assert (queue.get(long_id) or moved).status.value == "running", "the step came mid-answer"
+    after = submit_for(queue, [branch], per_branch=3)
+    assert set(served_by(queue, after).values()) == {then_on}, f"after the {step}, new tickets move"
     (finished,) = wait_all_ended(queue, [long_id], 60, "the long ticket to end")
-    assert finished.status.value == "done" and finished.attempts == 1
-    assert (finished.usage or {}).get("model") == PRIMARY_MODEL, "it finished where it started"
+    assert finished.status.value == "done" and finished.attempts == 1, "answered once, not retried"
+    assert (finished.usage or {}).get("model") == started_on, "it finished where it started"
+    stats = queue.stats()
+    assert (
+        stats.outcome_count("archive_query", "done") == 1 == stats.outcome_count("archive_query", "submitted")
+    )
 
 
 def test_shadow_traffic_reaches_the_candidate_at_its_fraction_stops_at_orange_and_is_never_an_answer(
@@ -289,3 +308,33 @@ def test_shadow_traffic_reaches_the_candidate_at_its_fraction_stops_at_orange_an
     time.sleep(0.3)
     assert len(read_shadow(redis_client, keys, state.id)) == len(records), "no shadow call at orange"
     assert running.worker.rollout.shadow.skipped["level"] > 0
+
+
+def test_the_candidate_arm_streams_and_a_failing_candidate_is_not_shadowed(
+    simulator: Callable[..., SimulatorProcess], redis_client: Redis, rollout_policy: Policy, queue_name: str
+) -> None:
+    primary = VllmClient(simulator(model=PRIMARY_MODEL).base_url)
+    candidate_url = simulator(model=CANDIDATE_MODEL).base_url
+    keys = QueueKeys(queue_name)
+    state = start_rollout(redis_client, queue_name, candidate_url, shadow_fraction=1.0, interval_seconds=3600)
+    router = RolloutRouter(redis_client, keys, rollout_policy, pool_size=4, refresh_seconds=0.0)
+    queue = TicketQueue(redis_client, rollout_policy, queue_name)
+
+    def ticket(branch: str) -> Ticket:
+        body = {"type": "complaint", "branch_id": branch, "prompt": "a question " * 8, "max_tokens": 8}
+        return queue.build_ticket(TicketRequest.model_validate(body, context={"policy": rollout_policy}))
+
+    arm = router.client_for(ticket("b0"), primary, primary)
+    pieces: list[str] = []
+    answer = arm.run(ticket("b0"), max_tokens=8, handle=RequestHandle(), on_text=pieces.append)
+    assert answer.model == CANDIDATE_MODEL and "".join(pieces) == answer.text, "streamed text passes through"
+    assert redis_client.hget(keys.rollout_arms(state.id), "0:candidate:ok") == "1"
+
+    router.shadow.candidate_result(ok=False)
+    assert not router.shadow.offer(state, ticket("b5"), answer, 8), "no shadow while the candidate fails"
+    assert router.shadow.skipped["unhealthy"] == 1
+    router.shadow.candidate_result(ok=True)
+    assert router.shadow.offer(state, ticket("b5"), answer, 8)
+    wait_for(lambda: read_shadow(redis_client, keys, state.id), 10, "the shadow answer to be recorded")
+    router.close()
+    primary.close()
