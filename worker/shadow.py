@@ -44,6 +44,17 @@ def sampled(ticket_id: str, fraction: float) -> bool:
     return point < fraction
 
 
+def shadow_copy(ticket: Ticket, timeout_seconds: float) -> Ticket:
+    """The request sent to the candidate: its own id in vLLM's log, the lowest priority, its own deadline."""
+    return ticket.model_copy(
+        update={
+            "id": f"{ticket.id}-shadow",
+            "priority": SHADOW_PRIORITY,
+            "expires_at": clock.now() + timeout_seconds,
+        }
+    )
+
+
 def answer_figures(completion: Completion) -> dict[str, Any]:
     """Latency and size of one answer: TTFT, time per output token after the first, total."""
     tpot = None
@@ -137,13 +148,7 @@ class ShadowRunner:
     def _call(
         self, rollout: RolloutState, ticket: Ticket, primary: Completion, max_tokens: int
     ) -> dict[str, Any]:
-        shadow_ticket = ticket.model_copy(
-            update={
-                "id": f"{ticket.id}-shadow",
-                "priority": SHADOW_PRIORITY,
-                "expires_at": clock.now() + self.policy.shadow_timeout_seconds,
-            }
-        )
+        shadow_ticket = shadow_copy(ticket, self.policy.shadow_timeout_seconds)
         client = self.router.candidate_client(rollout.candidate_url)
         record: dict[str, Any] = {
             "ticket": ticket.id,

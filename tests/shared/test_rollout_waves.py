@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from shared.models import TicketRequest
+from shared.queue import TicketQueue
 from shared.rollout import LAST_WAVE, WAVES, RolloutState, RolloutStatus, branch_digit, routes_to_candidate
 from worker.rollout_routing import call_outcome
-from worker.shadow import sampled
-from worker.vllm_client import ErrorKind, VllmError
+from worker.shadow import sampled, shadow_copy
+from worker.vllm_client import ErrorKind, VllmClient, VllmError
 
 
 @pytest.mark.parametrize(("branch", "digit"), [("b0412", 2), ("7", 7), ("branch-30", 0), ("b9", 9)])
@@ -79,3 +81,16 @@ def test_shadow_sampling_takes_its_fraction_the_same_way_everywhere() -> None:
 )
 def test_each_call_counts_as_one_outcome(error: VllmError | None, outcome: str) -> None:
     assert call_outcome(error) == outcome
+
+
+def test_a_shadow_request_asks_vllm_for_less_priority_than_any_real_ticket(ticket_queue: TicketQueue) -> None:
+    client = VllmClient("http://127.0.0.1:9", model="m")  # building a request sends nothing
+    policy = ticket_queue.policy
+    for name in policy.types:
+        for factors in ({"is_bulk": True}, {"urgent_level": 0, "vip_level": 0}):
+            body = {"type": name, "branch_id": "b1", "prompt": "hi", **factors}
+            ticket = ticket_queue.build_ticket(TicketRequest.model_validate(body, context={"policy": policy}))
+            _, real = client.build_request(ticket, 8)
+            _, shadow = client.build_request(shadow_copy(ticket, 60), 8)
+            assert shadow["request_id"] == f"{ticket.id}-shadow"
+            assert shadow["priority"] > real["priority"], "vLLM serves lower numbers first"
