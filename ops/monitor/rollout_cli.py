@@ -1,7 +1,9 @@
 """`tidegate rollout`: start a model rollout in canary waves, watch it, pause, resume, roll it back.
 
 The state lives in Redis (shared/rollout_store.py); workers route by it and the acting monitor
-judges each wave, so these commands only write a step and print what the queue holds.
+judges each wave, so these commands only write a step and print what the queue holds. `start`
+first reads the version the candidate serves (vLLM's `--served-model-name name:version`) and
+refuses another one than `--version`; a candidate it cannot reach only earns a warning.
 `report --plot` draws the latency per arm with the lab's matplotlib module, loaded only then
 (the way the worker loads pynvml), so the monitor runs without the lab installed.
 """
@@ -16,6 +18,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import redis
+import requests
 import typer
 
 from shared.cli_support import EXIT_BAD_INPUT, fail, load_settings, print_json, redis_failure
@@ -63,6 +66,30 @@ def _check_url(url: str) -> str:
     return url.rstrip("/")
 
 
+def served_version(url: str, timeout: float = 3.0) -> tuple[str | None, str]:
+    """The candidate's model version (after the last `:` of its served name) and what was found."""
+    try:
+        response = requests.get(url + "/v1/models", timeout=timeout)
+        names = [str(m["id"]) for m in response.json().get("data") or []]
+    except (requests.RequestException, ValueError, KeyError, TypeError, AttributeError) as exc:
+        return None, f"could not read {url}/v1/models ({exc.__class__.__name__})"
+    if not names:
+        return None, f"{url}/v1/models lists no model"
+    name = names[0]
+    return (name.rpartition(":")[2] if ":" in name else None), f"it serves {name!r}"
+
+
+def _check_version(url: str, version: str, verify: bool) -> None:
+    """Refuse a candidate that serves another version; warn when it cannot be read."""
+    if not verify:
+        return
+    served, found = served_version(url)
+    if served is None:
+        typer.echo(f"warning: cannot check the candidate's version: {found}", err=True)
+    elif served != version:
+        fail(f"--version: {version!r} is not the candidate's version; {found}", EXIT_BAD_INPUT)
+
+
 def _store(settings: Settings) -> RolloutStore:
     return RolloutStore(connect(settings.redis_url), QueueKeys(settings.queue_name))
 
@@ -101,6 +128,7 @@ def start_command(
     shadow: float = typer.Option(
         0.0, "--shadow", help="share of answered tickets also sent to the candidate"
     ),
+    verify: bool = typer.Option(True, "--verify/--no-verify", help="check the version the candidate serves"),
     queue: str | None = QUEUE_OPTION,
     actor: str = typer.Option(_actor(), "--actor", help="who asks; recorded in the event stream"),
     as_json: bool = JSON_OPTION,
@@ -112,6 +140,7 @@ def start_command(
         fail(f"--shadow: {shadow} is not a fraction between 0 and 1", EXIT_BAD_INPUT)
     if not version.strip():
         fail("--version: must name the candidate's model version", EXIT_BAD_INPUT)
+    _check_version(url, version, verify)
     _step(
         queue,
         as_json,

@@ -10,6 +10,8 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from redis import Redis
 
+from ops.lab.procs.ports import free_port
+from ops.lab.sim.process import SimulatorProcess
 from shared.keys import QueueKeys
 from shared.metrics import build_registry
 from shared.policy import Policy, RolloutPolicy
@@ -19,14 +21,23 @@ from shared.rollout_store import RolloutStore
 from tests.conftest import RunCli
 
 
+def test_start_refuses_a_candidate_serving_another_version(run_cli: RunCli) -> None:
+    with SimulatorProcess(model="qwen-sim:2026.12", time_scale=20) as sim:
+        wrong = run_cli("rollout", "start", "--candidate", sim.base_url, "--version", "2026.11")
+        right = run_cli("rollout", "start", "--candidate", sim.base_url, "--version", "2026.12", "--json")
+    assert wrong.returncode == 2 and "--version" in wrong.stderr and "qwen-sim:2026.12" in wrong.stderr
+    assert right.returncode == 0 and json.loads(right.stdout)["version"] == "2026.12"
+
+
 def test_an_operator_starts_pauses_reports_and_rolls_back(
     run_cli: RunCli, tmp_path: Path, queue_name: str
 ) -> None:
+    down = f"http://127.0.0.1:{free_port()}"  # not started yet: its version cannot be checked
     started = run_cli(
         "rollout",
         "start",
         "--candidate",
-        "http://127.0.0.1:8001",
+        down,
         "--version",
         "2026.12",
         "--interval",
@@ -44,11 +55,9 @@ def test_an_operator_starts_pauses_reports_and_rolls_back(
         queue_name,
     )
 
-    again = run_cli("rollout", "start", "--candidate", "http://127.0.0.1:8001", "--version", "2026.13")
+    again = run_cli("rollout", "start", "--candidate", down, "--version", "2026.13")
     assert again.returncode == 1 and "is running" in again.stderr
-    bad = run_cli(
-        "rollout", "start", "--candidate", "http://127.0.0.1:8001", "--version", "x", "--shadow", "1.5"
-    )
+    bad = run_cli("rollout", "start", "--candidate", down, "--version", "x", "--shadow", "1.5")
     assert bad.returncode == 2 and "--shadow" in bad.stderr
     assert run_cli("rollout", "pause").stdout.startswith(f"rollout {doc['id']}")
 
