@@ -81,6 +81,11 @@ LATENCY_SECONDS = Histogram(
     ["type"],
     buckets=LATENCY_BUCKETS,
 )
+ROLLOUT_SHADOW = Counter(
+    "tidegate_rollout_shadow",
+    "Shadow calls to a rollout's candidate by outcome: recorded, failed, or skipped (level, unhealthy, busy).",
+    ["outcome"],
+)
 VLLM_ERRORS = Counter(
     "tidegate_vllm_errors",
     "Failed calls to vLLM by kind (timeout, connection, http_5xx, http_4xx, oom, ...).",

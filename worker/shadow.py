@@ -21,6 +21,7 @@ import redis
 
 from shared import clock
 from shared.keys import QueueKeys
+from shared.metrics import ROLLOUT_SHADOW
 from shared.models import Ticket
 from shared.policy import AlarmLevel, RolloutPolicy
 from shared.rollout import RolloutState
@@ -117,6 +118,7 @@ class ShadowRunner:
                 reason = "busy"
             if reason is not None:
                 self.skipped[reason] += 1
+                ROLLOUT_SHADOW.labels(outcome=f"skipped_{reason}").inc()
                 return False
             self._busy += 1
         self.pool.submit(self._run, rollout, ticket, primary, max_tokens)
@@ -134,9 +136,11 @@ class ShadowRunner:
             if self.router.view().level >= AlarmLevel.ORANGE:  # raised while this call waited
                 with self._lock:
                     self.skipped["level"] += 1
+                ROLLOUT_SHADOW.labels(outcome="skipped_level").inc()
                 return
             record = self._call(rollout, ticket, primary, max_tokens)
             record_shadow(self.redis, self.keys, self.policy, rollout.id, record)
+            ROLLOUT_SHADOW.labels(outcome="failed" if record["similarity"] is None else "recorded").inc()
         except (redis.RedisError, OSError) as exc:
             log.warning("shadow of ticket %s not recorded: %s", ticket.id, exc)
         except Exception:

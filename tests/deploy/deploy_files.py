@@ -52,6 +52,7 @@ _TIDEGATE_COUNTERS = {
     "tidegate_tickets_submitted_total",
     "tidegate_vllm_errors_total",
     "tidegate_rollout_calls_total",
+    "tidegate_rollout_shadow_total",
 }
 _TIDEGATE_HISTOGRAMS = {
     "tidegate_queue_wait_seconds",

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 import pytest
+from prometheus_client import REGISTRY
 from redis import Redis
 
 from ops.lab.procs.ports import free_port
@@ -124,6 +125,11 @@ def served_by(queue: TicketQueue, ids: dict[str, str]) -> dict[str, str]:
     tickets = wait_all_ended(queue, list(ids), 60, "every ticket to end")
     assert [t.status.value for t in tickets] == ["done"] * len(tickets), [t.error for t in tickets]
     return {t.id: str((t.usage or {}).get("model")) for t in tickets}
+
+
+def shadow_metric(outcome: str) -> float:
+    """This process's `tidegate_rollout_shadow_total` for `outcome` (the workers here run in-process)."""
+    return REGISTRY.get_sample_value("tidegate_rollout_shadow_total", {"outcome": outcome}) or 0.0
 
 
 def publish_level(redis_client: Redis, keys: QueueKeys, level: str) -> None:
@@ -303,11 +309,13 @@ def test_shadow_traffic_reaches_the_candidate_at_its_fraction_stops_at_orange_an
         assert models[record["ticket"]] == PRIMARY_MODEL
 
     publish_level(redis_client, keys, "orange")
+    skipped_before = shadow_metric("skipped_level")
     more = submit_for(queue, ["b5"], per_branch=40)
     assert set(served_by(queue, more).values()) == {PRIMARY_MODEL}
     time.sleep(0.3)
     assert len(read_shadow(redis_client, keys, state.id)) == len(records), "no shadow call at orange"
     assert running.worker.rollout.shadow.skipped["level"] > 0
+    assert shadow_metric("skipped_level") - skipped_before == running.worker.rollout.shadow.skipped["level"]
 
 
 def test_the_candidate_arm_streams_and_a_failing_candidate_is_not_shadowed(
