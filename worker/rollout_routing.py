@@ -52,13 +52,24 @@ def call_outcome(error: VllmError | None) -> str:
 
 
 class ArmClient:
-    """An endpoint as one arm of the rollout: calls go through unchanged and are counted per arm."""
+    """An endpoint as one arm of the rollout: calls are counted per arm, and a candidate call that
+    fails before sending any text is answered by the primary in the same attempt (`rescue`), so a
+    canary branch does not wait out a retry backoff for the candidate's fault; the failure still
+    counts against the candidate and so still rolls it back."""
 
-    def __init__(self, router: RolloutRouter, client: VllmClient, arm: str, rollout: RolloutState) -> None:
+    def __init__(
+        self,
+        router: RolloutRouter,
+        client: VllmClient,
+        arm: str,
+        rollout: RolloutState,
+        rescue: VllmClient | None = None,
+    ) -> None:
         self.router = router
         self.client = client
         self.arm = arm
         self.rollout = rollout
+        self.rescue = rescue
 
     @property
     def base_url(self) -> str:
@@ -77,11 +88,24 @@ class ArmClient:
         handle: RequestHandle,
         on_text: Callable[[str], None] | None = None,
     ) -> Completion:
+        sent: list[bool] = []
+
+        def relay(text: str) -> None:
+            sent.append(True)
+            if on_text is not None:
+                on_text(text)
+
         try:
-            completion = self.client.run(ticket, max_tokens=max_tokens, handle=handle, on_text=on_text)
+            completion = self.client.run(ticket, max_tokens=max_tokens, handle=handle, on_text=relay)
         except VllmError as error:
             self.router.record(self.rollout, self.arm, call_outcome(error), None)
-            raise
+            if self.rescue is None or not error.transient or sent:
+                raise
+            log.info(
+                "ticket %s: the candidate failed (%s); the primary answers it", ticket.id, error.kind.value
+            )
+            primary = ArmClient(self.router, self.rescue, "primary", self.rollout)
+            return primary.run(ticket, max_tokens=max_tokens, handle=handle, on_text=on_text)
         self.router.record(self.rollout, self.arm, "ok", completion.ttft_seconds)
         if self.arm == "primary":
             self.router.shadow.offer(self.rollout, ticket, completion, max_tokens)
@@ -145,7 +169,8 @@ class RolloutRouter:
         if rollout is None or chosen is not primary:
             return chosen
         if routes_to_candidate(ticket.branch_id, rollout.status, rollout.wave):
-            return ArmClient(self, self.candidate_client(rollout.candidate_url), "candidate", rollout)
+            candidate = self.candidate_client(rollout.candidate_url)
+            return ArmClient(self, candidate, "candidate", rollout, rescue=primary)
         if rollout.active:
             return ArmClient(self, primary, "primary", rollout)
         return chosen

@@ -49,9 +49,7 @@ def rollout_policy(fast_policy: Policy) -> Policy:
     rollout = fast_policy.rollout.model_copy(
         update={"min_samples": 3, "shadow_concurrency": 32, "ttft_p95_margin": 1000.0}
     )
-    # Tickets of a refused candidate retry until the rollback sends them to the primary.
-    queue = fast_policy.queue.model_copy(update={"max_attempts": 20})
-    return fast_policy.model_copy(update={"rollout": rollout, "queue": queue})
+    return fast_policy.model_copy(update={"rollout": rollout})
 
 
 @pytest.fixture
@@ -193,7 +191,7 @@ def test_a_failing_candidate_is_rolled_back_in_its_first_wave_and_no_ticket_is_l
         queue = TicketQueue(redis_client, rollout_policy, queue_name)
         worker_on(primary.base_url)
         state = start_rollout(redis_client, queue_name, url, interval_seconds=0.5)
-        ids = submit_for(queue, [f"b{d}" for d in range(10)], per_branch=3)
+        ids = submit_for(queue, ["b0"], per_branch=12) | submit_for(queue, [f"b{d}" for d in range(1, 10)], 2)
         keys = QueueKeys(queue_name)
         wait_for(
             lambda: (
@@ -210,6 +208,8 @@ def test_a_failing_candidate_is_rolled_back_in_its_first_wave_and_no_ticket_is_l
         models = served_by(queue, ids)
         later = submit_for(queue, ["b0", "b5"], per_branch=3)
         assert set(served_by(queue, later).values()) == {PRIMARY_MODEL}, "after the rollback: the primary"
+    attempts = {t.attempts for t in queue.get_many(list(ids)) if t is not None}
+    assert attempts == {1}, "a candidate's failure is answered by the primary in the same attempt"
     on_candidate = {ids[i] for i, model in models.items() if model == CANDIDATE_MODEL}
     assert on_candidate <= {"b0"}, "only wave 0's branch ever reached the candidate"
     assert set(models.values()) <= {PRIMARY_MODEL, CANDIDATE_MODEL}
