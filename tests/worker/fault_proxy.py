@@ -1,4 +1,5 @@
-"""A fault-injecting front for a simulator: a seeded share of completion calls answer HTTP 500.
+"""A fault-injecting front for a simulator: a seeded share of completion calls answer HTTP 500, or
+every answer breaks off after its first events.
 
 Stands in for the simulator's own fault flags in tests that need a candidate which fails some
 calls and answers the others (the simulator's answer is relayed whole, stream included).
@@ -20,9 +21,13 @@ HOP_HEADERS = frozenset({"connection", "transfer-encoding", "content-length", "k
 class FaultProxy:
     """Serves on a free loopback port; `url` is its base URL."""
 
-    def __init__(self, upstream: str, error_rate: float, seed: int = 7) -> None:
+    def __init__(
+        self, upstream: str, error_rate: float, seed: int = 7, cut_after_events: int | None = None
+    ) -> None:
         self.upstream = upstream.rstrip("/")
         self.error_rate = error_rate
+        self.cut_after_events = cut_after_events
+        """Relay only this many server-sent events of an answer, then end it without `[DONE]`."""
         self.random = random.Random(seed)
         self.lock = threading.Lock()
         self.failed = 0
@@ -73,8 +78,11 @@ class FaultProxy:
                 answer = requests.request(
                     self.command, proxy.upstream + self.path, data=body, headers=headers, timeout=30
                 )
+                payload = answer.content
+                if proxy.cut_after_events is not None and body is not None:
+                    payload = b"\n\n".join(payload.split(b"\n\n")[: proxy.cut_after_events]) + b"\n\n"
                 self._send(
-                    answer.status_code, answer.content, answer.headers.get("Content-Type", "application/json")
+                    answer.status_code, payload, answer.headers.get("Content-Type", "application/json")
                 )
 
             def _send(self, status: int, payload: bytes, content_type: str) -> None:

@@ -36,7 +36,7 @@ from tests.worker.support import producer_for, wait_all_ended
 from worker.config import WorkerConfig
 from worker.gpu_memory import make_provider
 from worker.rollout_routing import RolloutRouter
-from worker.vllm_client import RequestHandle, VllmClient
+from worker.vllm_client import RequestHandle, VllmClient, VllmError
 from worker.worker import Worker
 
 PRIMARY_MODEL = "qwen-sim:2026.11"
@@ -345,4 +345,29 @@ def test_the_candidate_arm_streams_and_a_failing_candidate_is_not_shadowed(
     assert router.shadow.offer(state, ticket("b5"), answer, 8)
     wait_for(lambda: read_shadow(redis_client, keys, state.id), 10, "the shadow answer to be recorded")
     router.close()
+    primary.close()
+
+
+def test_a_candidate_failing_mid_answer_is_not_answered_again_by_the_primary(
+    simulator: Callable[..., SimulatorProcess], redis_client: Redis, rollout_policy: Policy, queue_name: str
+) -> None:
+    primary = VllmClient(simulator(model=PRIMARY_MODEL).base_url)
+    candidate_sim = simulator(model=CANDIDATE_MODEL, stop_median_tokens=5000)
+    keys = QueueKeys(queue_name)
+    queue = TicketQueue(redis_client, rollout_policy, queue_name)
+    body = {"type": "complaint", "branch_id": "b0", "prompt": "a question " * 8, "max_tokens": 16}
+    ticket = queue.build_ticket(TicketRequest.model_validate(body, context={"policy": rollout_policy}))
+    with FaultProxy(candidate_sim.base_url, 0.0, cut_after_events=3) as cutting:
+        state = start_rollout(redis_client, queue_name, cutting.url)
+        router = RolloutRouter(redis_client, keys, rollout_policy, pool_size=4, refresh_seconds=0.0)
+        pieces: list[str] = []
+        with pytest.raises(VllmError, match="without \\[DONE\\]"):
+            router.client_for(ticket, primary, primary).run(
+                ticket, max_tokens=16, handle=RequestHandle(), on_text=pieces.append
+            )
+        router.close()
+    assert pieces, "the candidate had sent text before it broke off"
+    assert len(pieces) < 16, "and the primary did not go on to answer it a second time"
+    arms = redis_client.hgetall(keys.rollout_arms(state.id))
+    assert arms == {"0:candidate:error": "1"}, "one candidate error, no primary call"
     primary.close()
