@@ -70,15 +70,12 @@ class ArmClient:
         self.arm = arm
         self.rollout = rollout
         self.rescue = rescue
+        self.answered_by = client
+        """The endpoint whose outcome the breaker counts: the primary once it rescued the call."""
 
     @property
     def base_url(self) -> str:
-        return self.client.base_url
-
-    @property
-    def answered_by(self) -> VllmClient:
-        """The endpoint whose outcome the breaker counts for this call."""
-        return self.client
+        return self.answered_by.base_url
 
     def run(
         self,
@@ -104,6 +101,7 @@ class ArmClient:
             log.info(
                 "ticket %s: the candidate failed (%s); the primary answers it", ticket.id, error.kind.value
             )
+            self.answered_by = self.rescue
             primary = ArmClient(self.router, self.rescue, "primary", self.rollout)
             return primary.run(ticket, max_tokens=max_tokens, handle=handle, on_text=on_text)
         self.router.record(self.rollout, self.arm, "ok", completion.ttft_seconds)
