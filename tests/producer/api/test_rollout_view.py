@@ -7,7 +7,7 @@ from redis import Redis
 
 from shared.rollout_stats import record_call
 from shared.rollout_store import RolloutStore
-from tests.api.conftest import Api
+from tests.producer.api.conftest import Api
 
 
 def test_queues_show_the_rollout_and_only_operators_see_the_candidate(
