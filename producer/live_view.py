@@ -139,6 +139,12 @@ def _head(doc: dict[str, Any]) -> Table:
     by_code = ", ".join(f"{code} {n}" for code, n in sheds["by_code"].items()) or "none"
     head.add_row(f"sheds (last {sheds['window_seconds'] // 60} min)", by_code)
     head.add_row("redis memory", _memory_line(doc))
+    rollout = doc.get("rollout")
+    if rollout:
+        line = f"{rollout['version']} {rollout['status']}, wave {rollout['wave']}"
+        if rollout.get("shadow_fraction"):
+            line += f", shadow {rollout['shadow_fraction']:.0%}"
+        head.add_row("rollout", line)
     return head
 
 

@@ -6,8 +6,7 @@ Everything is read from Redis in a few pipelined round trips; nothing is kept in
 
 from __future__ import annotations
 
-import json
-from typing import Any, cast
+from typing import Any
 
 from redis import Redis
 
@@ -19,6 +18,7 @@ from shared.keys import QueueKeys
 from shared.live_workers import WorkerView, read_live_workers
 from shared.policy import Policy
 from shared.queue import TicketQueue
+from shared.rollout_report import rollout_summary
 from shared.shed_log import DEFAULT_WINDOW_SECONDS, recent_sheds
 
 EVENT_SCAN = 200
@@ -41,30 +41,6 @@ def worker_doc(worker: WorkerView) -> dict[str, Any]:
         "gpu_free_bytes": worker.gpu_free_bytes,
         "gpu_total_bytes": worker.gpu_total_bytes,
     }
-
-
-def optional_state(redis: Redis, key: str) -> dict[str, Any] | None:
-    """What a feature that may not be deployed keeps at `key` (a hash, or a JSON string); None if absent.
-
-    Rollouts publish their state under their own key; until one does, the page says
-    "not configured" rather than guessing.
-    """
-    kind = cast("str | bytes", redis.type(key))
-    kind = kind.decode() if isinstance(kind, bytes) else kind
-    if kind == "hash":
-        raw = cast("dict[str, str]", redis.hgetall(key))
-        return {str(k): _maybe_json(str(v)) for k, v in raw.items()}
-    if kind == "string":
-        value = _maybe_json(str(redis.get(key)))
-        return value if isinstance(value, dict) else {"value": value}
-    return None
-
-
-def _maybe_json(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
 
 
 def _breakers(redis: Redis, keys: QueueKeys, policy: Policy) -> dict[str, Any] | None:
@@ -115,7 +91,7 @@ def operator_status(redis: Redis, policy: Policy, queue_name: str) -> dict[str, 
             "by_type": sheds.by_type_and_code,
         },
         "breakers": _breakers(redis, keys, policy),
-        "rollout": optional_state(redis, keys.rollout),
+        "rollout": rollout_summary(redis, keys),
         "history": read_depth_history(redis, keys),
         "events": events[:EVENTS],
         "transitions": [e for e in events if e.get("kind") == "alarm"][:TRANSITIONS],

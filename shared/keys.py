@@ -138,8 +138,20 @@ class QueueKeys:
 
     @property
     def rollout(self) -> str:
-        """The model rollout's state, read by the status page when present."""
+        """HASH: the queue's one rollout (candidate, version, status, wave, timings); see shared/rollout.py."""
         return self._key("rollout")
+
+    def rollout_arms(self, rollout_id: str) -> str:
+        """HASH "<wave>:<arm>:<outcome>" → count of calls each arm answered that way (expiring)."""
+        return self._key(f"rollout:{rollout_id}:arms")
+
+    def rollout_ttft(self, rollout_id: str, wave: int, arm: str) -> str:
+        """LIST of the latest time-to-first-token samples of one arm in one wave (capped, expiring)."""
+        return self._key(f"rollout:{rollout_id}:ttft:{wave}:{arm}")
+
+    def rollout_shadow(self, rollout_id: str) -> str:
+        """LIST of JSON A/B records: a ticket's primary answer beside its shadow answer (capped, expiring)."""
+        return self._key(f"rollout:{rollout_id}:shadow")
 
     # Workers
     @property

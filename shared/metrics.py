@@ -42,6 +42,7 @@ from shared.keys import QueueKeys
 from shared.live_workers import WorkerView, read_live_workers
 from shared.policy import Policy
 from shared.queue import TicketQueue
+from shared.rollout_report import rollout_metric_families
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,11 @@ LATENCY_SECONDS = Histogram(
     "Seconds from submission to the final answer.",
     ["type"],
     buckets=LATENCY_BUCKETS,
+)
+ROLLOUT_SHADOW = Counter(
+    "tidegate_rollout_shadow",
+    "Shadow calls to a rollout's candidate by outcome: recorded, failed, or skipped (level, unhealthy, busy).",
+    ["outcome"],
 )
 VLLM_ERRORS = Counter(
     "tidegate_vllm_errors",
@@ -174,6 +180,7 @@ class RedisStateCollector(Collector):
         out.append(_gauge("tidegate_workers_alive", "Workers with a live heartbeat.", len(workers)))
         out += _worker_families(workers)
         out += _breaker_families(BreakerStore(self.redis, self.keys, self.policy.breaker).views())
+        out += rollout_metric_families(self.redis, self.keys)
         return out
 
     def _tickets(self, counts: dict[str, int]) -> list[Metric]:

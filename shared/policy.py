@@ -218,6 +218,30 @@ class ModelsPolicy(_Strict):
     version: str | None = Field(default=None, min_length=1)
 
 
+class RolloutPolicy(_Strict):
+    """When a canary wave is judged worse than the control, and how much rollout data is kept.
+
+    Margins are absolute for rates (0.05: five points more errors than the control) and relative
+    for TTFT p95 (0.25: a quarter slower)."""
+
+    error_rate_margin: float = Field(default=0.05, ge=0, le=1)
+    shed_rate_margin: float = Field(default=0.05, ge=0, le=1)
+    ttft_p95_margin: float = Field(default=0.25, ge=0)
+    ttft_p95_slack_seconds: float = Field(
+        default=0.05, ge=0, description="TTFT p95 differences below this are noise, never a regression"
+    )
+    min_samples: int = Field(default=20, ge=1, description="candidate calls a wave needs before it is judged")
+    latency_samples: int = Field(default=2000, ge=10, description="TTFT samples kept per arm and wave")
+    shadow_records: int = Field(default=5000, ge=10, description="A/B records kept per rollout")
+    retention_seconds: int = Field(
+        default=7 * 86_400, ge=60, description="rollout data expires this long after its last write"
+    )
+    shadow_concurrency: int = Field(
+        default=4, ge=1, le=64, description="shadow calls one worker runs at once"
+    )
+    shadow_timeout_seconds: float = Field(default=120, gt=0)
+
+
 class Policy(_Strict):
     queue: QueuePolicy = Field(default_factory=QueuePolicy)
     types: dict[str, TypePolicy]
@@ -227,6 +251,7 @@ class Policy(_Strict):
     callbacks: CallbacksPolicy = Field(default_factory=CallbacksPolicy)
     breaker: BreakerPolicy = Field(default_factory=BreakerPolicy)
     models: ModelsPolicy = Field(default_factory=ModelsPolicy)
+    rollout: RolloutPolicy = Field(default_factory=RolloutPolicy)
 
     @model_validator(mode="after")
     def _has_types(self) -> Policy:

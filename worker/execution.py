@@ -20,6 +20,7 @@ from worker.inflight import AbortReason, InFlight, RunningTicket
 from worker.latency_guard import LatencyGuard
 from worker.live_publisher import LivePublisher
 from worker.result_writer import ResultWriter
+from worker.rollout_routing import ArmClient, RolloutRouter
 from worker.vllm_client import RequestAborted, VllmClient, VllmError
 from worker.vllm_health import VllmHealth
 
@@ -53,20 +54,28 @@ class Executor:
     """Set by the housekeeping thread from the monitor's published state."""
     latency_guard: LatencyGuard | None = None
     breakers: BreakerGate | None = None
+    rollout: RolloutRouter | None = None
 
-    def client_for(self, running: RunningTicket) -> VllmClient:
+    def client_for(self, running: RunningTicket) -> VllmClient | ArmClient:
+        """The endpoint of this attempt, chosen once: it finishes there whatever changes meanwhile.
+        A breaker probe always goes to the primary; otherwise a rollout may route to its candidate."""
         routed = running.ticket.route == "fallback"
         if self.breakers is not None:
-            return self.breakers.client_for(routed, running.probe)
-        if routed and self.fallback is not None:
-            return self.fallback
-        return self.primary
+            chosen = self.breakers.client_for(routed, running.probe)
+        elif routed and self.fallback is not None:
+            chosen = self.fallback
+        else:
+            chosen = self.primary
+        if self.rollout is not None and not running.probe:
+            return self.rollout.client_for(running.ticket, chosen, self.primary)
+        return chosen
 
-    def _record(self, client: VllmClient, running: RunningTicket, ok: bool) -> None:
+    def _record(self, client: VllmClient | ArmClient, running: RunningTicket, ok: bool) -> None:
         if self.breakers is None:
             return
+        endpoint = client.answered_by if isinstance(client, ArmClient) else client
         try:
-            self.breakers.record(client, ok, probe=running.probe)
+            self.breakers.record(endpoint, ok, probe=running.probe)
         except redis.RedisError as exc:  # the answer still counts; only the breaker misses one sample
             log.warning("breaker: could not count an outcome of %s (%s)", client.base_url, exc)
 

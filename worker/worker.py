@@ -41,6 +41,7 @@ from worker.latency_guard import LatencyGuard
 from worker.leases import LeaseKeeper
 from worker.registry import WorkerRegistry
 from worker.result_writer import ResultWriter
+from worker.rollout_routing import RolloutRouter
 from worker.telemetry import GaugeSnapshot
 from worker.vllm_client import VllmClient, VllmError
 from worker.vllm_health import VllmHealth
@@ -86,6 +87,7 @@ class Worker:
             BreakerStore(redis, self.queue.keys, policy.breaker), policy, self.primary, self.fallbacks
         )
         self.writer = ResultWriter(self.queue, config.worker_id)
+        self.rollout = RolloutRouter(redis, self.queue.keys, policy, pool_size=config.max_batch)
         headroom = CriticalHeadroom(share=config.critical_headroom)
         self.latency_guard = (
             LatencyGuard(
@@ -104,6 +106,7 @@ class Worker:
             inflight=self.inflight,
             latency_guard=self.latency_guard,
             breakers=self.breakers,
+            rollout=self.rollout,
         )
         self.pool = ThreadPoolExecutor(max_workers=config.max_batch, thread_name_prefix="ticket")
         self.claim_loop = ClaimLoop(
@@ -215,6 +218,7 @@ class Worker:
             self.registry.deregister()
         except Exception as exc:  # Redis gone: the heartbeat TTL removes us anyway
             log.warning("could not leave the registry (%s); the heartbeat TTL will", exc)
+        self.rollout.close()
         self.queue.close()
         self.primary.close()
         for fallback in self.fallbacks:

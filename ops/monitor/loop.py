@@ -26,6 +26,7 @@ from ops.monitor.hysteresis import AlarmTracker, Transition
 from ops.monitor.leader import Leadership, new_monitor_id
 from ops.monitor.memory_guard import MemoryGuard, MemoryReading, read_memory
 from ops.monitor.outbox import OutboxDrainer
+from ops.monitor.rollout_controller import RolloutController
 from ops.monitor.sampler import Sample, Sampler
 from ops.monitor.scaling import ScalingConfig, desired_workers
 from shared import clock
@@ -135,6 +136,7 @@ class Monitor:
         self.tracker: AlarmTracker | None = None
         """The alarm state while acting; rebuilt from what Redis holds on taking over."""
         self.memory_guard = MemoryGuard(policy.memory)
+        self.rollout = RolloutController(rq_conn, policy, self.keys, self.config.jobs)
 
     @property
     def queue_name(self) -> str:
@@ -198,6 +200,7 @@ class Monitor:
             )
         self._page_deep_breakers()
         handed = self.outbox.drain(self.config.outbox_batch)
+        self.rollout.tick(at)
         return TickResult(
             at, True, tracker.level, sample, desired, transitions, handed, memory=memory, memory_guard=guard
         )

@@ -18,6 +18,7 @@ from producer.api.schemas import (
     ModeBody,
     ModeView,
     QueuesView,
+    RolloutView,
     TypeDepth,
     WorkerSummary,
     WorkersView,
@@ -25,6 +26,7 @@ from producer.api.schemas import (
 from shared.control import read_control_state, set_mode
 from shared.live_workers import read_live_workers
 from shared.metrics import render
+from shared.rollout_report import rollout_summary
 
 router = APIRouter()
 
@@ -74,7 +76,17 @@ def read_queues(context: Context, principal: Caller) -> QueuesView:
         },
         workers=WorkersView(alive=len(workers), desired=state.desired_workers, details=details),
         breakers=[BreakerSummary(**view.as_dict()) for view in context.producer.admission.breakers.views()],
+        rollout=_rollout_view(context, principal.is_operator),
     )
+
+
+def _rollout_view(context: Context, operator: bool) -> RolloutView | None:
+    summary = rollout_summary(context.redis, context.producer.queue.keys)
+    if summary is None:
+        return None
+    if not operator:
+        summary.update(candidate=None, arms=None)
+    return RolloutView.model_validate(summary)
 
 
 @router.put(

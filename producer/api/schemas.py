@@ -294,6 +294,40 @@ class BreakerSummary(BaseModel):
     fallback: str = Field(description="a fallback's pairing: matched, mismatched, unknown (else empty)")
 
 
+class RolloutArmView(BaseModel):
+    arm: str
+    calls: int
+    ok: int
+    error: int
+    shed: int
+    client: int
+    error_rate: float
+    shed_rate: float
+    ttft_p95_seconds: float | None
+    ttft_samples: int
+
+
+class RolloutView(BaseModel):
+    """The queue's model rollout (shared/rollout.py); the candidate's address and the arms' figures
+    are shown to operator keys only."""
+
+    id: str
+    version: str
+    status: Literal["running", "paused", "rolled_back", "complete"]
+    wave: int = Field(description="0-9: branches whose digit is at most this run on the candidate; 10: all")
+    waves: int
+    interval_seconds: float
+    shadow_fraction: float
+    started_at: float
+    wave_started_at: float
+    next_wave_at: float | None
+    ended_at: float | None
+    reason: str | None
+    actor: str
+    candidate: str | None = None
+    arms: dict[str, RolloutArmView] | None = None
+
+
 class QueuesView(BaseModel):
     queue: str
     level: AlarmLabel
@@ -305,6 +339,7 @@ class QueuesView(BaseModel):
     types: dict[str, TypeDepth]
     workers: WorkersView
     breakers: list[BreakerSummary] = Field(default_factory=list)
+    rollout: RolloutView | None = Field(default=None, description="the model rollout, if one was started")
 
 
 class ModeBody(BaseModel):

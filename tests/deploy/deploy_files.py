@@ -45,11 +45,14 @@ _TIDEGATE_GAUGES = {
     "tidegate_build_info",
     "tidegate_breaker_level",
     "tidegate_fallback_version_mismatch",
+    "tidegate_rollout_wave",
 }
 _TIDEGATE_COUNTERS = {
     "tidegate_tickets_total",
     "tidegate_tickets_submitted_total",
     "tidegate_vllm_errors_total",
+    "tidegate_rollout_calls_total",
+    "tidegate_rollout_shadow_total",
 }
 _TIDEGATE_HISTOGRAMS = {
     "tidegate_queue_wait_seconds",

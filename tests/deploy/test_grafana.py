@@ -144,3 +144,10 @@ def test_provider_reads_the_mounted_dashboards() -> None:
     assert mounts["./ops/deploy/grafana/dashboards"] == provider["options"]["path"]
     home = compose_services()["grafana"]["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
     assert home == f"{provider['options']['path']}/{DASHBOARD.name}"
+
+
+def test_rollout_panels_show_the_wave_and_each_arms_calls() -> None:
+    (wave,) = panel_reading("tidegate_rollout_wave")
+    assert any("by (version, status)" in expr for expr in exprs(wave))
+    (calls,) = panel_reading("tidegate_rollout_calls_total")
+    assert any("by (arm, outcome)" in expr and "rate(" in expr for expr in exprs(calls))

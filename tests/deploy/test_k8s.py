@@ -299,3 +299,10 @@ def test_prometheus_rule_carries_the_alert_rules_file() -> None:
     assert rule["spec"]["groups"] == load_yaml(ALERTS)["groups"], (
         "ops/deploy/k8s/base/prometheus-operator.yaml differs from ops/deploy/prometheus/alerts.yml"
     )
+
+
+def test_the_worker_keeps_a_week_of_image_history_for_a_one_command_rollback() -> None:
+    worker = resource("Deployment", "tidegate-worker")
+    assert worker["spec"]["revisionHistoryLimit"] >= 7, "at least a week of daily releases to undo to"
+    guide = (REPO / "ops" / "deploy" / "README.md").read_text(encoding="utf-8")
+    assert "kubectl -n tidegate rollout undo deployment/tidegate-worker" in guide
