@@ -52,6 +52,30 @@ ABORT_SETTLE_SECONDS = 10.0
 """How long aborted tickets may take to be written back after the grace period."""
 
 
+def _sizer(config: WorkerConfig, policy: Policy) -> BatchSizer:
+    return BatchSizer(
+        kv_bytes_per_token=config.model_spec.kv_bytes_per_token,
+        max_batch=config.max_batch,
+        safety_margin=config.safety_margin,
+        kv_high_watermark=config.kv_high_watermark,
+        initial_ticket_tokens=policy.queue.default_max_tokens + 512,
+    )
+
+
+def _health(policy: Policy) -> VllmHealth:
+    # The same backoff curve the policy sets for ticket retries paces claims against a failing vLLM.
+    base = max(policy.queue.retry_backoff_seconds, 0.01)
+    return VllmHealth(base_seconds=base, max_seconds=max(policy.queue.retry_backoff_max_seconds, base))
+
+
+def _latency_guard(config: WorkerConfig, policy: Policy, headroom: CriticalHeadroom) -> LatencyGuard | None:
+    if not config.slo_guard or policy.critical_slo_seconds is None:
+        return None
+    return LatencyGuard(
+        slo_seconds=policy.critical_slo_seconds, max_batch=config.max_batch, headroom=headroom
+    )
+
+
 class Worker:
     def __init__(
         self,
@@ -66,18 +90,8 @@ class Worker:
         self.queue = TicketQueue(redis, policy, config.queue_name, replica_acks=config.replica_acks)
         self.stop_requested = threading.Event()
         self.inflight = InFlight()
-        self.sizer = BatchSizer(
-            kv_bytes_per_token=config.model_spec.kv_bytes_per_token,
-            max_batch=config.max_batch,
-            safety_margin=config.safety_margin,
-            kv_high_watermark=config.kv_high_watermark,
-            initial_ticket_tokens=policy.queue.default_max_tokens + 512,
-        )
-        # The same backoff curve the policy sets for ticket retries paces claims against a failing vLLM.
-        base = max(policy.queue.retry_backoff_seconds, 0.01)
-        self.health = VllmHealth(
-            base_seconds=base, max_seconds=max(policy.queue.retry_backoff_max_seconds, base)
-        )
+        self.sizer = _sizer(config, policy)
+        self.health = _health(policy)
         self.primary = VllmClient(config.vllm_url, model=config.model, pool_size=config.max_batch)
         self.fallbacks = [
             VllmClient(url, pool_size=config.max_batch) for url in fallback_urls(config.fallback_vllm_url)
@@ -89,13 +103,7 @@ class Worker:
         self.writer = ResultWriter(self.queue, config.worker_id)
         self.rollout = RolloutRouter(redis, self.queue.keys, policy, pool_size=config.max_batch)
         headroom = CriticalHeadroom(share=config.critical_headroom)
-        self.latency_guard = (
-            LatencyGuard(
-                slo_seconds=policy.critical_slo_seconds, max_batch=config.max_batch, headroom=headroom
-            )
-            if config.slo_guard and policy.critical_slo_seconds is not None
-            else None
-        )
+        self.latency_guard = _latency_guard(config, policy, headroom)
         self.executor = Executor(
             worker_id=config.worker_id,
             policy=policy,
@@ -109,43 +117,49 @@ class Worker:
             rollout=self.rollout,
         )
         self.pool = ThreadPoolExecutor(max_workers=config.max_batch, thread_name_prefix="ticket")
-        self.claim_loop = ClaimLoop(
+        self.claim_loop = self._claim_loop(headroom)
+        self.leases = LeaseKeeper(self.queue, self.inflight, config.lease_seconds)
+        self.registry = WorkerRegistry(redis, self.queue.keys, config.worker_id, config.heartbeat_seconds)
+        self.housekeeping = self._housekeeping(gpu_provider)
+        self.started_at = clock.now()
+        self.draining = False
+
+    def _claim_loop(self, headroom: CriticalHeadroom) -> ClaimLoop:
+        return ClaimLoop(
             queue=self.queue,
-            worker_id=config.worker_id,
-            gpu=config.gpu,
+            worker_id=self.config.worker_id,
+            gpu=self.config.gpu,
             sizer=self.sizer,
             inflight=self.inflight,
             health=self.health,
             writer=self.writer,
             start=self._start_ticket,
             stop=self.stop_requested,
-            lease_seconds=config.lease_seconds,
-            block_seconds=config.block_seconds,
-            burst=config.burst,
+            lease_seconds=self.config.lease_seconds,
+            block_seconds=self.config.block_seconds,
+            burst=self.config.burst,
             headroom=headroom,
             latency_guard=self.latency_guard,
             breakers=self.breakers,
         )
-        self.leases = LeaseKeeper(self.queue, self.inflight, config.lease_seconds)
-        self.registry = WorkerRegistry(redis, self.queue.keys, config.worker_id, config.heartbeat_seconds)
-        self.housekeeping = Housekeeping(
+
+    def _housekeeping(self, gpu_provider: GpuMemoryProvider | None) -> Housekeeping:
+        return Housekeeping(
             queue=self.queue,
-            worker_id=config.worker_id,
-            gpu_index=config.gpu,
+            worker_id=self.config.worker_id,
+            gpu_index=self.config.gpu,
             sizer=self.sizer,
             inflight=self.inflight,
             registry=self.registry,
             gpu_provider=gpu_provider,
-            vllm_url=config.vllm_url,
-            heartbeat_seconds=config.heartbeat_seconds,
-            resize_seconds=config.resize_seconds,
+            vllm_url=self.config.vllm_url,
+            heartbeat_seconds=self.config.heartbeat_seconds,
+            resize_seconds=self.config.resize_seconds,
             info=self._registry_info,
             on_degraded=self._set_degraded,
             latency_guard=self.latency_guard,
             pair_fallbacks=self.breakers.pair,
         )
-        self.started_at = clock.now()
-        self.draining = False
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def request_stop(self) -> None:
