@@ -194,6 +194,8 @@ class QueuesView:
     drain_rate: float | None = None
     breakers: list[dict[str, Any]] = field(default_factory=list)
     """Each inference endpoint's circuit breaker as the API sent it (level, state, error rates)."""
+    rollout: dict[str, Any] | None = None
+    """The model rollout as the API sent it (wave, state; the arms' figures for operator keys)."""
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> QueuesView:
