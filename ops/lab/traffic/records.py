@@ -47,6 +47,10 @@ class TicketRecord:
     """Server-side: accepted ticket created → ended."""
     queue_wait_s: float | None = None
     ttft_s: float | None = None
+    client_ttft_s: float | None = None
+    """Streaming branches only: send → first chunk with text, on the branch's clock."""
+    client_latency_s: float | None = None
+    """Streaming branches only: send → the stream's end."""
     polls: int = 0
     error: str | None = None
 
@@ -116,6 +120,8 @@ class TypeFigures:
     p99_s: float | None
     queue_wait_p50_s: float | None
     ttft_p50_s: float | None
+    client_ttft_p50_s: float | None
+    client_ttft_p99_s: float | None
     pending: int
 
     def count(self, outcome: str) -> int:
@@ -131,6 +137,7 @@ def type_figures(ticket_type: str, records: Iterable[TicketRecord]) -> TypeFigur
     latencies = [r.latency_s for r in mine if r.outcome == "done" and r.latency_s is not None]
     waits = [r.queue_wait_s for r in mine if r.outcome == "done" and r.queue_wait_s is not None]
     ttfts = [r.ttft_s for r in mine if r.outcome == "done" and r.ttft_s is not None]
+    seen = [r.client_ttft_s for r in mine if r.outcome == "done" and r.client_ttft_s is not None]
     return TypeFigures(
         type=ticket_type,
         requests=len(mine),
@@ -143,5 +150,7 @@ def type_figures(ticket_type: str, records: Iterable[TicketRecord]) -> TypeFigur
         p99_s=percentile(latencies, 99),
         queue_wait_p50_s=percentile(waits, 50),
         ttft_p50_s=percentile(ttfts, 50),
+        client_ttft_p50_s=percentile(seen, 50),
+        client_ttft_p99_s=percentile(seen, 99),
         pending=sum(1 for r in mine if r.submissions and not r.terminal),
     )
