@@ -341,6 +341,9 @@ class TrafficPlayer:
         record.latency_s = timings.get("total_seconds")
         record.queue_wait_s = timings.get("queue_wait_seconds")
         record.ttft_s = timings.get("time_to_first_token_seconds")
+        created, first_token = view.get("created_at"), view.get("first_token_at")
+        if created is not None and first_token is not None:
+            record.e2e_ttft_s = float(first_token) - float(created)
 
     def _cancel_leftovers(self) -> None:
         """The drain timeout passed: cancel accepted tickets still open, give up pending retries.

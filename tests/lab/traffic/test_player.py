@@ -70,6 +70,8 @@ def test_shed_branches_retry_then_give_up_and_loans_get_through(stack: Stack, po
         assert shed.ticket_id is None
     assert loan.outcome == "done" and loan.submissions == 1 and loan.retries == 0
     assert loan.latency_s is not None and loan.queue_wait_s is not None and loan.ttft_s is not None
+    assert loan.e2e_ttft_s is not None and loan.ttft_s <= loan.e2e_ttft_s <= loan.latency_s
+    assert player.figures()["loan_approval"].e2e_ttft_p99_s == loan.e2e_ttft_s
     assert player.figures()["complaint"].gave_up == 1
 
 
@@ -100,7 +102,8 @@ def test_openai_branches_stream_their_answers_and_the_books_still_balance(
         assert 0 < record.client_ttft_s <= record.client_latency_s
         assert record.latency_s is not None  # the server's timings, read once the stream ended
     loans = player.figures()["loan_approval"]
-    assert loans.client_ttft_p99_s == player.records[0].client_ttft_s
+    assert loans.e2e_ttft_p99_s == player.records[0].client_ttft_s  # its own clock, as it streamed
+    assert player.records[0].e2e_ttft_s is not None  # the ticket's clock agrees it had a first token
 
 
 def test_openai_branches_retry_shed_answers_both_429_and_degraded(stack: Stack, policy: Policy) -> None:
