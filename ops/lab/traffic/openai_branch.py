@@ -14,7 +14,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import httpx
 import openai
 from tidegate_client import parse_retry_after
 
@@ -42,19 +41,17 @@ class StreamAnswer:
     error: str | None = None
 
 
-def branch_client(base_url: str, connections: int, read_timeout_s: float) -> openai.OpenAI:
-    """One client for all the player's threads (httpx's pool is thread-safe), sized to the threads.
+def branch_client(base_url: str, read_timeout_s: float) -> openai.OpenAI:
+    """One client for all the player's threads (its connection pool is thread-safe and larger than
+    the thread pool, which is what bounds the open streams).
 
     No SDK retries: the player's own retry policy decides, as it does for the tickets client.
     """
-    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
-    timeout = httpx.Timeout(read_timeout_s, connect=CONNECT_TIMEOUT_S)
     return openai.OpenAI(
         base_url=base_url.rstrip("/") + "/v1",
         api_key="unused",  # every call names its branch's key in its own Authorization header
         max_retries=0,
-        timeout=timeout,
-        http_client=openai.DefaultHttpxClient(limits=limits, timeout=timeout),
+        timeout=openai.Timeout(read_timeout_s, connect=CONNECT_TIMEOUT_S),
     )
 
 

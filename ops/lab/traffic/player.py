@@ -83,7 +83,7 @@ class TrafficPlayer:
         threads = self.settings.stream_clients if streaming else self.settings.clients
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="branch")
         self._openai: openai.OpenAI | None = (
-            branch_client(self.api_url, threads, self.settings.stream_read_timeout_s) if streaming else None
+            branch_client(self.api_url, self.settings.stream_read_timeout_s) if streaming else None
         )
         self._model: str | None = None
         self._busy = 0
