@@ -122,6 +122,11 @@ def overload_command(
         0.5, "--honour-retry-after", help="share of branches honouring Retry-After (others retry after 1 s)"
     ),
     seed: int = typer.Option(7, "--seed", help="workload seed"),
+    client: str = typer.Option(
+        "tickets",
+        "--client",
+        help="how tidegate's branches call it: tickets (submit, poll) or openai (streamed /v1/completions)",
+    ),
     results_dir: Path | None = typer.Option(
         None, "--results-dir", help="where results go [results/bench-overload/<time>]"
     ),
@@ -150,6 +155,7 @@ def overload_command(
         "baseline_concurrency": baseline_concurrency,
         "honour_retry_after": honour_retry_after,
         "seed": seed,
+        "client": client,
     }
     if duration is not None:
         values["duration_s"] = duration
@@ -166,7 +172,11 @@ def overload_command(
     except RedisStartError as exc:
         fail(str(exc))
     errors.print(f"Redis: {redis.describe()}; results in {folder}", highlight=False)
-    command = "tidegate bench overload" + (" --quick" if quick else "")
+    command = (
+        "tidegate bench overload"
+        + (" --quick" if quick else "")
+        + (f" --client {client}" if client != "tickets" else "")
+    )
     bench = OverloadBench(
         scenario,
         redis.url,

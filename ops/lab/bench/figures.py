@@ -33,6 +33,9 @@ class TypeRow:
     p50_s: float | None
     p95_s: float | None
     p99_s: float | None
+    ttft_p50_s: float | None
+    ttft_p99_s: float | None
+    """Time to first token as a streaming branch saw it (`--client openai`); None otherwise."""
     submissions: int
     retries: int
     slo_seconds: float | None
@@ -49,6 +52,7 @@ def _latencies(records: Iterable[TicketRecord]) -> list[float]:
 def type_row(name: str, records: Sequence[TicketRecord], slo_seconds: float | None) -> TypeRow:
     outcomes = Counter(r.outcome or "open" for r in records)
     latencies = _latencies(records)
+    ttfts = [r.client_ttft_s for r in records if r.outcome == "done" and r.client_ttft_s is not None]
     within = sum(1 for value in latencies if slo_seconds is not None and value <= slo_seconds)
     if slo_seconds is None:  # the "all types" row: each request against its own type's SLO
         within = sum(
@@ -72,6 +76,8 @@ def type_row(name: str, records: Sequence[TicketRecord], slo_seconds: float | No
         p50_s=_round(percentile(latencies, 50)),
         p95_s=_round(percentile(latencies, 95)),
         p99_s=_round(percentile(latencies, 99)),
+        ttft_p50_s=_round(percentile(ttfts, 50)),
+        ttft_p99_s=_round(percentile(ttfts, 99)),
         submissions=sum(r.submissions for r in records),
         retries=sum(r.retries for r in records),
         slo_seconds=slo_seconds,

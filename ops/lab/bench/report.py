@@ -40,6 +40,8 @@ ROW_METRICS: tuple[tuple[str, Callable[[TypeRow], str]], ...] = (
     ("latency p50 s", lambda r: _seconds(r.p50_s)),
     ("latency p95 s", lambda r: _seconds(r.p95_s)),
     ("latency p99 s", lambda r: _seconds(r.p99_s)),
+    ("TTFT p50 s (streamed)", lambda r: _seconds(r.ttft_p50_s)),
+    ("TTFT p99 s (streamed)", lambda r: _seconds(r.ttft_p99_s)),
     ("submissions", lambda r: _count_of(r, "submissions")),
 )
 
@@ -63,7 +65,7 @@ def comparison_table(systems: Sequence[SystemFigures], types: Sequence[str], tit
     columns = [*types, "all"]
     caption = (
         "latency: a branch's first submission to its answer (retries included); rejected: the branch gave "
-        "up after 429s; busy: goodput (tokens of answered requests) in the surge ÷ measured capacity"
+        "up after 429s; TTFT: a streaming branch's send to its first token; busy: goodput (tokens of answered requests) in the surge ÷ measured capacity"
     )
     table = Table(title=title, caption=caption, show_lines=False)
     table.add_column("metric")
@@ -77,7 +79,10 @@ def comparison_table(systems: Sequence[SystemFigures], types: Sequence[str], tit
             slo_cells.append("-" if slo is None else f"{slo:g}")
     table.add_row("SLO s", *slo_cells, style="dim")
     for label, cell in ROW_METRICS:
-        table.add_row(label, *(cell(system.rows[t]) for t in columns for system in systems))
+        cells = [cell(system.rows[t]) for t in columns for system in systems]
+        if label.startswith("TTFT") and set(cells) == {"-"}:
+            continue  # no branch streamed (the tickets client): nothing to show
+        table.add_row(label, *cells)
     table.add_section()
     blank = [""] * (len(types) * len(systems))
     for label, overall in OVERALL_METRICS:

@@ -48,6 +48,8 @@ class OverloadScenario:
     capacity_warmup_s: float = 3.0
     capacity_window_s: float = 8.0
     sample_interval_s: float = 0.5
+    client: str = "tickets"
+    """How tidegate's branches call it: `tickets` (submit and poll) or `openai` (streamed completions)."""
 
     def __post_init__(self) -> None:
         checks = {
@@ -77,6 +79,7 @@ class OverloadScenario:
                 "a fraction from 0 to 1",
             ),
             "--drain-timeout": (self.drain_timeout_s >= 0, self.drain_timeout_s, "0 or more seconds"),
+            "--client": (self.client in ("tickets", "openai"), self.client, "tickets or openai"),
         }
         for flag, (ok, value, accepted) in checks.items():
             if not ok:

@@ -143,24 +143,7 @@ class SystemRunner:
             stack.branch_key(branch)
         queue = TicketQueue(stack.redis, self.setup.policy, stack.queue_name)
         counts_before = queue.stats().counts
-        honouring, fixed = split_by_branch(plan, s.honour_retry_after, s.seed)
-        players = [
-            TrafficPlayer(
-                stack.api_url,
-                stack.branch_key,
-                part,
-                self.setup.policy,
-                PlayerSettings(
-                    retry=retry, drain_timeout_s=s.drain_timeout_s, run_tag=f"{stack.queue_name}-{retry.mode}"
-                ),
-                seed=s.seed,
-            )
-            for part, retry in (
-                (honouring, RetryPolicy(mode="retry-after", max_attempts=s.max_attempts)),
-                (fixed, RetryPolicy(mode="fixed", fixed_delay_s=1.0, max_attempts=s.max_attempts)),
-            )
-            if part
-        ]
+        players = self._players(stack, plan)
 
         def probe() -> SystemState:
             sample = take_sample(queue, self.setup.policy, 0.0)
@@ -200,7 +183,8 @@ class SystemRunner:
                     usage.get("completion_tokens", 0)
                 )
         notes = [
-            f"{sum(p.cancelled_leftovers for p in players)} tickets still open after the drain were cancelled"
+            f"branches called tidegate with the {s.client} client",
+            f"{sum(p.cancelled_leftovers for p in players)} tickets still open after the drain were cancelled",
         ]
         for player in players:
             mine = player.snapshot()
@@ -221,6 +205,32 @@ class SystemRunner:
             notes,
             redis_memory,
         )
+
+    def _players(self, stack: Stack, plan: Sequence[PlannedArrival]) -> list[TrafficPlayer]:
+        """One player for the branches that honour Retry-After, one for those that retry after 1 s."""
+        s = self.setup.scenario
+        honouring, fixed = split_by_branch(plan, s.honour_retry_after, s.seed)
+        players = [
+            TrafficPlayer(
+                stack.api_url,
+                stack.branch_key,
+                part,
+                self.setup.policy,
+                PlayerSettings(
+                    retry=retry,
+                    drain_timeout_s=s.drain_timeout_s,
+                    run_tag=f"{stack.queue_name}-{retry.mode}",
+                    client="openai" if s.client == "openai" else "tickets",
+                ),
+                seed=s.seed,
+            )
+            for part, retry in (
+                (honouring, RetryPolicy(mode="retry-after", max_attempts=s.max_attempts)),
+                (fixed, RetryPolicy(mode="fixed", fixed_delay_s=1.0, max_attempts=s.max_attempts)),
+            )
+            if part
+        ]
+        return players
 
     def baseline(self, plan: Sequence[PlannedArrival]) -> SystemRun:
         s = self.setup.scenario

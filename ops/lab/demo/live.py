@@ -113,7 +113,8 @@ def _short(name: str) -> str:
 
 
 def plain_line(state: ViewState) -> str:
-    """One line for `--no-live`: time and phase, depth and alarm, workers, outcomes, p99 per type."""
+    """One line for `--no-live`: time and phase, depth and alarm, workers, outcomes, p99 and TTFT p99
+    per type."""
     sample = state.series.latest
     phase = "drain" if state.draining else state.profile.phase(state.elapsed)
     parts = [f"t={state.elapsed:5.1f}s {phase:8}"]
@@ -127,4 +128,6 @@ def plain_line(state: ViewState) -> str:
     parts.append(" ".join(f"{o} {n}" for o, n in totals.items()))
     p99 = " ".join(f"{_short(name)} {seconds(f.p99_s)}" for name, f in state.figures.items())
     parts.append(f"p99 {p99}")
+    ttft = " ".join(f"{_short(name)} {seconds(f.e2e_ttft_p99_s)}" for name, f in state.figures.items())
+    parts.append(f"TTFT p99 {ttft}")
     return " | ".join(parts)

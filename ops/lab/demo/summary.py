@@ -129,6 +129,9 @@ def type_table(figures: dict[str, TypeFigures], title: str = "Tickets by type") 
         table.add_column(name, justify="right")
     table.add_column("p50", justify="right")
     table.add_column("p99", justify="right")
+    # What a branch waits before its answer starts (ticket created → first token), per type.
+    table.add_column("TTFT p50", justify="right")
+    table.add_column("TTFT p99", justify="right")
     totals = dict.fromkeys(
         ("submitted", "done", "slo", "rejected", "expired", "failed", "cancelled", "retries"), 0
     )
@@ -147,6 +150,8 @@ def type_table(figures: dict[str, TypeFigures], title: str = "Tickets by type") 
             str(f.retries),
             seconds(f.p50_s),
             seconds(f.p99_s),
+            seconds(f.e2e_ttft_p50_s),
+            seconds(f.e2e_ttft_p99_s),
         )
         for key, value in (
             ("submitted", f.submitted),
@@ -164,8 +169,7 @@ def type_table(figures: dict[str, TypeFigures], title: str = "Tickets by type") 
         "total",
         *(str(totals[k]) for k in ("submitted", "done", "slo", "rejected", "expired", "failed", "cancelled")),
         str(totals["retries"]),
-        "",
-        "",
+        *[""] * 4,
         style="bold",
     )
     return table

@@ -7,24 +7,30 @@ client), up to `max_attempts`, then gives up. Accepted tickets are polled with a
 until they end; the latency figures are the server's own timings, so coarse polling costs nothing
 in accuracy. When the plan is over the player waits `drain_timeout_s` for the backlog, then cancels
 what is left, so every submission ends in a terminal state the accounting can count.
+
+With `client="openai"` each submission is instead one streamed `POST /v1/completions` through the
+OpenAI front door (`openai_branch`), held by one of `stream_clients` threads to its end; a shed
+answer (429 or a degraded 200) is retried the same way, and the ticket is read once it has ended.
 """
 
 from __future__ import annotations
 
 import logging
 import random
-import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
+import openai
 import requests
 from requests.adapters import HTTPAdapter
 from tidegate_client import parse_retry_after
 
+from ops.lab.traffic.openai_branch import StreamAnswer, branch_client, stream_completion
+from ops.lab.traffic.player_settings import RETRY_MODES, PlayerSettings, RetryMode, RetryPolicy
 from ops.lab.traffic.records import OUTCOMES, TicketRecord, TypeFigures, type_figures
 from ops.lab.traffic.timetable import Timetable
 from ops.lab.traffic.workload import PlannedArrival
@@ -32,53 +38,10 @@ from shared.policy import Policy
 
 log = logging.getLogger(__name__)
 
-RetryMode = Literal["retry-after", "fixed", "none"]
-RETRY_MODES: tuple[RetryMode, ...] = ("retry-after", "fixed", "none")
+__all__ = ["RETRY_MODES", "PlayerSettings", "RetryMode", "RetryPolicy", "TrafficPlayer"]
+
 TRANSPORT_RETRIES = 3
 TRANSPORT_PAUSE_S = 0.5
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """How a shed branch retries: as told (`retry-after`), after a fixed pause, or not at all."""
-
-    mode: RetryMode = "retry-after"
-    fixed_delay_s: float = 1.0
-    max_attempts: int = 5
-    jitter: float = 0.1
-    """Each pause is stretched by up to this fraction, so branches do not retry in lockstep."""
-
-    def __post_init__(self) -> None:
-        if self.mode not in RETRY_MODES:
-            raise ValueError(f"retry mode {self.mode!r} is not accepted; use {'|'.join(RETRY_MODES)}")
-        if self.max_attempts < 1:
-            raise ValueError(f"max_attempts={self.max_attempts} is not accepted; use at least 1")
-        if self.fixed_delay_s < 0 or not 0 <= self.jitter <= 1:
-            raise ValueError(
-                f"fixed_delay_s={self.fixed_delay_s} must be ≥ 0 and jitter={self.jitter} in [0, 1]"
-            )
-
-    def delay(self, retry_after: float | None, rng: random.Random) -> float | None:
-        """Seconds before the next attempt, or None when this client does not retry."""
-        if self.mode == "none":
-            return None
-        base = self.fixed_delay_s if self.mode == "fixed" or retry_after is None else retry_after
-        return base * (1 + rng.uniform(0, self.jitter))
-
-
-@dataclass(frozen=True)
-class PlayerSettings:
-    clients: int = 24
-    """Client threads sending requests at once."""
-    retry: RetryPolicy = field(default_factory=RetryPolicy)
-    poll_first_s: float = 0.5
-    poll_growth: float = 1.5
-    poll_max_s: float = 3.0
-    request_timeout_s: float = 15.0
-    drain_timeout_s: float = 60.0
-    """After the last planned arrival, how long to wait for tickets to end before cancelling them."""
-    run_tag: str = field(default_factory=lambda: f"traffic-{secrets.token_hex(4)}")
-    """Prefix of idempotency keys, unique per run so two runs on one queue never collide."""
 
 
 @dataclass(frozen=True)
@@ -116,7 +79,13 @@ class TrafficPlayer:
         self._finished = threading.Event()
         self._local = threading.local()
         self._sessions: list[requests.Session] = []
-        self._pool = ThreadPoolExecutor(max_workers=self.settings.clients, thread_name_prefix="branch")
+        streaming = self.settings.client == "openai"
+        threads = self.settings.stream_clients if streaming else self.settings.clients
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="branch")
+        self._openai: openai.OpenAI | None = (
+            branch_client(self.api_url, self.settings.stream_read_timeout_s) if streaming else None
+        )
+        self._model: str | None = None
         self._busy = 0
         self._thread = threading.Thread(target=self._dispatch, name="traffic-dispatcher", daemon=True)
         self.started_at = 0.0
@@ -159,6 +128,8 @@ class TrafficPlayer:
         self._pool.shutdown(wait=True, cancel_futures=True)
         for session in self._sessions:
             session.close()
+        if self._openai is not None:
+            self._openai.close()
 
     @property
     def finished(self) -> bool:
@@ -247,6 +218,9 @@ class TrafficPlayer:
         return None
 
     def _submit(self, record: TicketRecord, attempt: int) -> None:
+        if self._openai is not None:
+            self._submit_stream(self._openai, record, attempt)
+            return
         arrival = self._arrivals[record.index]
         key = self.key_for(record.branch_id)
         # Every try of one request carries the same key, as a well-behaved client's retries do, so
@@ -279,18 +253,62 @@ class TrafficPlayer:
                 record.outcome = "error"
                 record.error = f"HTTP {response.status_code}: {response.text[:300]}"
 
+    def _submit_stream(self, client: openai.OpenAI, record: TicketRecord, attempt: int) -> None:
+        """One streamed call; a shed answer (429 or degraded 200) is retried as a 429 is."""
+        key = self.key_for(record.branch_id)
+
+        def admitted(ticket_id: str) -> None:
+            with self._lock:
+                record.submissions += 1
+                record.ticket_id, record.status, record.accepted_at = ticket_id, "queued", time.time()
+
+        answer = stream_completion(
+            client, self._served_model(client, key), self._arrivals[record.index], key, admitted
+        )
+        with self._lock:
+            if record.first_submit_at is None:
+                record.first_submit_at = answer.sent_at
+        if answer.verdict == "shed":
+            self._shed(record, attempt, answer.retry_after, answer.ticket_id)
+        elif answer.verdict == "error" or record.ticket_id is None:
+            with self._lock:
+                record.outcome, record.error = "error", answer.error or "no ticket id in the answer"
+        else:
+            self._streamed(record, answer)
+
+    def _streamed(self, record: TicketRecord, answer: StreamAnswer) -> None:
+        with self._lock:
+            record.client_ttft_s, record.client_latency_s = answer.ttft_s, answer.latency_s
+            if answer.error:
+                log.info("stream of %s ended with %s", record.ticket_id, answer.error)
+        self._poll(record, 0.0)  # the ticket's end and the server's timings
+
+    def _served_model(self, client: openai.OpenAI, key: str) -> str:
+        """The model the API serves, read once from GET /v1/models."""
+        if self._model is None:
+            models = client.models.list(extra_headers={"Authorization": f"Bearer {key}"})
+            self._model = models.data[0].id
+        return self._model
+
     def _rejected(self, record: TicketRecord, attempt: int, response: requests.Response) -> None:
         try:
             error = response.json().get("error", {})
         except ValueError:
             error = {}
-        delay = self.settings.retry.delay(parse_retry_after(response.headers.get("Retry-After")), self._rng)
+        ticket_id = error.get("ticket_id") if isinstance(error, dict) else None
+        retry_after = parse_retry_after(response.headers.get("Retry-After"))
+        self._shed(record, attempt, retry_after, str(ticket_id) if ticket_id else None)
+
+    def _shed(
+        self, record: TicketRecord, attempt: int, retry_after: float | None, ticket_id: str | None
+    ) -> None:
+        delay = self.settings.retry.delay(retry_after, self._rng)
         retry = delay is not None and attempt < self.settings.retry.max_attempts
         with self._lock:
             record.submissions += 1
             record.rejections += 1
-            if isinstance(error, dict) and error.get("ticket_id"):
-                record.rejected_ids.append(str(error["ticket_id"]))
+            if ticket_id:
+                record.rejected_ids.append(ticket_id)
             if retry:
                 record.retries += 1
             else:
@@ -323,6 +341,9 @@ class TrafficPlayer:
         record.latency_s = timings.get("total_seconds")
         record.queue_wait_s = timings.get("queue_wait_seconds")
         record.ttft_s = timings.get("time_to_first_token_seconds")
+        created, first_token = view.get("created_at"), view.get("first_token_at")
+        if created is not None and first_token is not None:
+            record.e2e_ttft_s = float(first_token) - float(created)
 
     def _cancel_leftovers(self) -> None:
         """The drain timeout passed: cancel accepted tickets still open, give up pending retries.
@@ -331,6 +352,8 @@ class TrafficPlayer:
         under the settlement.
         """
         self._timetable.close()
+        if self._openai is not None:
+            self._cancel_streams()
         deadline = time.monotonic() + self.settings.request_timeout_s * TRANSPORT_RETRIES + 5
         while time.monotonic() < deadline:
             with self._lock:
@@ -361,3 +384,15 @@ class TrafficPlayer:
                         self._finish(record, view)
                         continue
                 record.outcome, record.error = "error", f"ticket still {record.status} after cancelling"
+
+    def _cancel_streams(self) -> None:
+        """Cancel the tickets of streams still open, so their threads see the end and return."""
+        with self._lock:
+            streaming = [r for r in self.records if r.ticket_id and not r.terminal]
+        for record in streaming:
+            response = self._request(
+                "DELETE", f"/v1/tickets/{record.ticket_id}", self.key_for(record.branch_id)
+            )
+            if response is not None and response.status_code == 200 and response.json().get("cancelled"):
+                with self._lock:
+                    self.cancelled_leftovers += 1

@@ -47,6 +47,13 @@ class TicketRecord:
     """Server-side: accepted ticket created → ended."""
     queue_wait_s: float | None = None
     ttft_s: float | None = None
+    """Server-side: taken by a worker → first token."""
+    e2e_ttft_s: float | None = None
+    """Server-side: accepted ticket created → first token, the wait a branch sees before its answer starts."""
+    client_ttft_s: float | None = None
+    """Streaming branches only: send → first chunk with text, on the branch's clock."""
+    client_latency_s: float | None = None
+    """Streaming branches only: send → the stream's end."""
     polls: int = 0
     error: str | None = None
 
@@ -76,6 +83,11 @@ class TicketRecord:
         if self.first_submit_at is None or self.finished_at is None or self.outcome != "done":
             return None
         return self.finished_at - self.first_submit_at
+
+    @property
+    def seen_ttft_s(self) -> float | None:
+        """The branch's view of the wait for the first token: measured if it streamed, else the ticket's."""
+        return self.client_ttft_s if self.client_ttft_s is not None else self.e2e_ttft_s
 
     @property
     def within_slo(self) -> bool:
@@ -116,6 +128,9 @@ class TypeFigures:
     p99_s: float | None
     queue_wait_p50_s: float | None
     ttft_p50_s: float | None
+    e2e_ttft_p50_s: float | None
+    e2e_ttft_p99_s: float | None
+    """Time to first token as the branch saw it: its own clock when it streamed, else the ticket's."""
     pending: int
 
     def count(self, outcome: str) -> int:
@@ -131,6 +146,7 @@ def type_figures(ticket_type: str, records: Iterable[TicketRecord]) -> TypeFigur
     latencies = [r.latency_s for r in mine if r.outcome == "done" and r.latency_s is not None]
     waits = [r.queue_wait_s for r in mine if r.outcome == "done" and r.queue_wait_s is not None]
     ttfts = [r.ttft_s for r in mine if r.outcome == "done" and r.ttft_s is not None]
+    seen = [r.seen_ttft_s for r in mine if r.outcome == "done" and r.seen_ttft_s is not None]
     return TypeFigures(
         type=ticket_type,
         requests=len(mine),
@@ -143,5 +159,7 @@ def type_figures(ticket_type: str, records: Iterable[TicketRecord]) -> TypeFigur
         p99_s=percentile(latencies, 99),
         queue_wait_p50_s=percentile(waits, 50),
         ttft_p50_s=percentile(ttfts, 50),
+        e2e_ttft_p50_s=percentile(seen, 50),
+        e2e_ttft_p99_s=percentile(seen, 99),
         pending=sum(1 for r in mine if r.submissions and not r.terminal),
     )

@@ -1,4 +1,5 @@
-"""`tidegate bench overload --quick` end to end: real processes, both systems, books and crashes."""
+"""`tidegate bench overload --quick` end to end: real processes, both systems, books and crashes, with
+tidegate's branches calling it either way: tickets (submit and poll) or streamed OpenAI completions."""
 
 from __future__ import annotations
 
@@ -15,14 +16,15 @@ OUTCOME_FIELDS = ("done", "rejected", "expired", "cancelled", "failed")
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("client", ["tickets", "openai"])
 def test_quick_overload_keeps_the_books_and_tidegate_never_crashes_a_gpu(
-    redis_url: str, tmp_path: Path
+    redis_url: str, tmp_path: Path, client: str
 ) -> None:
     results = tmp_path / "overload"
     env = os.environ | {"TIDEGATE_REDIS_URL": redis_url, "PYTHONUNBUFFERED": "1"}
     command = [sys.executable, "-c", "from tidegate.cli import main; main()", "bench", "overload", "--quick"]
     run = subprocess.run(
-        [*command, "--json", "--results-dir", str(results)],
+        [*command, "--client", client, "--json", "--results-dir", str(results)],
         env=env,
         capture_output=True,
         text=True,
@@ -59,6 +61,13 @@ def test_quick_overload_keeps_the_books_and_tidegate_never_crashes_a_gpu(
         == tidegate["rows"]["loan_approval"]["submissions"]
     )
 
+    loans = tidegate["rows"]["loan_approval"]
+    if client == "openai":  # the branches streamed: their own time to first token is reported
+        assert loans["ttft_p50_s"] is not None and 0 < loans["ttft_p50_s"] <= loans["ttft_p99_s"]
+        assert loans["ttft_p99_s"] <= loans["p99_s"]
+    else:
+        assert loans["ttft_p99_s"] is None
+    assert document["scenario"]["client"] == client
     assert document["scenario"]["duration_s"] == 30.0
     assert document["capacity"]["tokens_per_s"] > 0
     assert (results / "overload.png").read_bytes()[:4] == b"\x89PNG"

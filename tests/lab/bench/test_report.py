@@ -83,6 +83,32 @@ def test_the_table_puts_both_systems_side_by_side_per_type() -> None:
     assert ours.books.holds and "holds" in text
 
 
+def test_ttft_rows_appear_only_when_the_branches_streamed() -> None:
+    plain, recs = figures("tidegate", 0)
+    console = Console(record=True, width=200)
+    console.print(comparison_table([plain], TYPES, "overload"))
+    assert "TTFT p50" not in console.export_text()
+    streamed = [replace(r, client_ttft_s=0.01 * (r.index + 1)) for r in recs]
+    ours = system_figures(
+        "tidegate",
+        TYPES,
+        SLO,
+        streamed,
+        books=plain.books,
+        oom_crashes=0,
+        preemptions=0,
+        goodput_tokens_per_s=1.0,
+        capacity_tokens_per_s=2.0,
+        cpu_cores={},
+    )
+    loans = [r.client_ttft_s for r in streamed if r.type == "loan_approval" and r.outcome == "done"]
+    assert ours.rows["loan_approval"].ttft_p99_s == round(max(v for v in loans if v is not None), 3)
+    console = Console(record=True, width=200)
+    console.print(comparison_table([ours], TYPES, "overload"))
+    ttft_line = next(line for line in console.export_text().splitlines() if "TTFT p99" in line)
+    assert f"{ours.rows['loan_approval'].ttft_p99_s:.2f}" in ttft_line
+
+
 def test_verdict_lines_mark_each_check() -> None:
     lines = verdict_lines({"tidegate": {"zero OOM crashes": True, "busy >= 90%": False}})
     assert lines == ["ok    tidegate: zero OOM crashes", "SHORT tidegate: busy >= 90%"]

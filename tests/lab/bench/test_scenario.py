@@ -15,6 +15,8 @@ def test_bad_values_are_refused_with_the_flag_and_what_is_accepted() -> None:
         OverloadScenario(kv_blocks=1000)
     with pytest.raises(ValueError, match=r"--honour-retry-after=1.5"):
         OverloadScenario(honour_retry_after=1.5)
+    with pytest.raises(ValueError, match=r"--client=grpc is not accepted; use tickets or openai"):
+        OverloadScenario(client="grpc")
 
 
 def test_quick_is_the_same_shape_in_a_shorter_run() -> None:

@@ -31,7 +31,21 @@ def frame(policy: Policy, elapsed: float) -> ViewState:
     series = TimeSeries([sample], [AlarmChange(30.0, 0.0, "orange", "red", 81)])
     records = [
         TicketRecord(
-            1, "r1", "loan_approval", "branch-001", 1.0, 2.0, 1, 0, 0, [], "t1", "done", "done", latency_s=1.5
+            1,
+            "r1",
+            "loan_approval",
+            "branch-001",
+            1.0,
+            2.0,
+            1,
+            0,
+            0,
+            [],
+            "t1",
+            "done",
+            "done",
+            latency_s=1.5,
+            e2e_ttft_s=0.25,
         ),
         TicketRecord(2, "r2", "complaint", "branch-002", 2.0, 10.0, 2, 2, 1, [], None, None, "rejected"),
     ]
@@ -50,6 +64,9 @@ def test_live_screen_shows_depth_alarm_workers_and_outcomes(policy: Policy) -> N
     assert "demo-gpu0" in text and "91%" in text and "7.0 GiB" in text
     assert "30s orange→red (81)" in text
     assert "1.50 s" in text  # the loan's latency as p50 and p99
+    assert "TTFT p50" in text and "TTFT p99" in text
+    loan_row = next(line for line in text.splitlines() if line.strip().startswith("loan_approval"))
+    assert loan_row.count("250 ms") == 2  # created → first token, as p50 and p99
 
 
 def test_plain_line_sums_up_a_frame(policy: Policy) -> None:
@@ -59,3 +76,4 @@ def test_plain_line_sums_up_a_frame(policy: Policy) -> None:
     assert "batch 12/15 KV 91%/20%" in line
     assert "done 1 rejected 2 expired 0" in line
     assert "p99 loan 1.50 s comp - arch -" in line
+    assert "TTFT p99 loan 250 ms comp - arch -" in line
