@@ -16,7 +16,7 @@ def test_queues_show_the_rollout_and_only_operators_see_the_candidate(
     assert branch.get(api.url("/v1/queues")).json()["rollout"] is None
     store = RolloutStore(redis_client, api.queue_keys)
     state = store.start(
-        candidate_url="http://10.0.0.9:8000",
+        candidate_url="http://127.0.0.1:18000",
         version="2026.12",
         interval_seconds=7200,
         shadow_fraction=0.1,
@@ -37,6 +37,6 @@ def test_queues_show_the_rollout_and_only_operators_see_the_candidate(
     assert seen["candidate"] is None and seen["arms"] is None
     with api.session(operator_key) as operator:
         full = operator.get(api.url("/v1/queues")).json()["rollout"]
-    assert full["candidate"] == "http://10.0.0.9:8000"
+    assert full["candidate"] == "http://127.0.0.1:18000"
     assert full["arms"]["candidate"]["error"] == 1 and full["arms"]["candidate"]["error_rate"] == 1.0
     assert full["next_wave_at"] == state.started_at + 7200
