@@ -27,6 +27,7 @@ def consume(redis_url: str, queue_name: str, worker: str, abandon_every: int) ->
     worker killed with -9 would, and the reaper must give those tickets to someone else.
     """
     queue = TicketQueue(suite_client(redis_url), load_policy(), queue_name)
+    _wait_for_every_consumer(queue)
     events: list[tuple[str, str]] = []
     idle_since = time.monotonic()
     batches = 0
@@ -45,6 +46,16 @@ def consume(redis_url: str, queue_name: str, worker: str, abandon_every: int) ->
             ok = queue.finish(c.ticket.id, c.token, "done", result=worker)
             events.append((c.ticket.id, "done" if ok else "stale"))
     return events
+
+
+def _wait_for_every_consumer(queue: TicketQueue) -> None:
+    """Start together: a spawned process takes seconds to import, and the first ones up would
+    otherwise drain the queue before the crashing consumers claim anything."""
+    barrier = queue.keys.prefix + ":test-consumers-started"  # inside the queue's tag: cleaned with it
+    queue.redis.incr(barrier)
+    deadline = time.monotonic() + 60
+    while int(queue.redis.get(barrier) or 0) < CONSUMERS and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 def run_consumers(redis_url: str, queue_name: str, abandon: dict[int, int]) -> list[tuple[str, str]]:
