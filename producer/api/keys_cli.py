@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 from dataclasses import asdict
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 import typer
@@ -15,6 +16,8 @@ from producer.api.keys import ApiKey, ApiKeyError, ApiKeyStore, Role
 from shared.cli_support import EXIT_BAD_INPUT, fail, load_settings, print_json, redis_failure
 from shared.keys import QueueKeys
 from shared.redis_conn import RedisUnavailable, connect_from
+
+T = TypeVar("T")
 
 app = typer.Typer(add_completion=False, help="Manage branch API keys.")
 
@@ -121,6 +124,16 @@ def list_keys(
     Console().print(table)
 
 
+def _stored(change: Callable[[], T]) -> T:
+    """Run one key-store change; a refused change exits 2 and a Redis failure exits 1."""
+    try:
+        return change()
+    except ApiKeyError as exc:
+        fail(str(exc), EXIT_BAD_INPUT)
+    except redis.RedisError as exc:
+        redis_failure(exc)
+
+
 @app.command()
 def revoke(
     key_id: str = typer.Argument(..., help="the key's id from `tidegate keys list`"),
@@ -129,12 +142,7 @@ def revoke(
 ) -> None:
     """Revoke a key: the API answers 401 to it within a second."""
     store = _store(queue)
-    try:
-        record = store.revoke(key_id)
-    except ApiKeyError as exc:
-        fail(str(exc), EXIT_BAD_INPUT)
-    except redis.RedisError as exc:
-        redis_failure(exc)
+    record = _stored(lambda: store.revoke(key_id))
     if as_json:
         print_json(_doc(record))
         return
@@ -149,12 +157,7 @@ def rotate_secret(
 ) -> None:
     """Replace a branch's callback signing secret; the new one is printed once, the old stops signing."""
     store = _store(queue)
-    try:
-        secret = store.rotate_callback_secret(branch)
-    except ApiKeyError as exc:
-        fail(str(exc), EXIT_BAD_INPUT)
-    except redis.RedisError as exc:
-        redis_failure(exc)
+    secret = _stored(lambda: store.rotate_callback_secret(branch))
     if as_json:
         print_json({"branch_id": branch, "callback_secret": secret})
         return
