@@ -53,10 +53,12 @@ def rollout_policy(fast_policy: Policy) -> Policy:
 
 
 @pytest.fixture
-def controller(redis_url: str, rollout_policy: Policy, queue_name: str) -> Iterator[RolloutController]:
-    rq_conn = Redis.from_url(redis_url, socket_timeout=10, socket_connect_timeout=5)
+def controller(
+    redis_client: Redis, rq_url: str, rollout_policy: Policy, queue_name: str
+) -> Iterator[RolloutController]:
+    rq_conn = Redis.from_url(rq_url, socket_timeout=10, socket_connect_timeout=5)
     jobs = JobOptions(actions_queue=f"actions-{queue_name}")
-    yield RolloutController(rq_conn, rollout_policy, QueueKeys(queue_name), jobs)
+    yield RolloutController(redis_client, rq_conn, rollout_policy, QueueKeys(queue_name), jobs)
     leftovers = list(rq_conn.scan_iter(match=f"rq:*{queue_name}*", count=1000))
     if leftovers:
         rq_conn.delete(*leftovers)
