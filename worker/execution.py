@@ -74,8 +74,9 @@ class Executor:
         if self.breakers is None:
             return
         endpoint = client.answered_by if isinstance(client, ArmClient) else client
+        probe = running.probe or (isinstance(client, ArmClient) and client.probe)
         try:
-            self.breakers.record(endpoint, ok, probe=running.probe)
+            self.breakers.record(endpoint, ok, probe=probe)
         except redis.RedisError as exc:  # the answer still counts; only the breaker misses one sample
             log.warning("breaker: could not count an outcome of %s (%s)", client.base_url, exc)
 

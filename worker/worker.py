@@ -101,7 +101,9 @@ class Worker:
             BreakerStore(redis, self.queue.keys, policy.breaker), policy, self.primary, self.fallbacks
         )
         self.writer = ResultWriter(self.queue, config.worker_id)
-        self.rollout = RolloutRouter(redis, self.queue.keys, policy, pool_size=config.max_batch)
+        self.rollout = RolloutRouter(
+            redis, self.queue.keys, policy, pool_size=config.max_batch, breakers=self.breakers
+        )
         headroom = CriticalHeadroom(share=config.critical_headroom)
         self.latency_guard = _latency_guard(config, policy, headroom)
         self.executor = Executor(

@@ -303,7 +303,7 @@ def test_shadow_traffic_reaches_the_candidate_at_its_fraction_stops_at_orange_an
     records = read_shadow(redis_client, keys, state.id)
     margin = 4 * math.sqrt(count * fraction * (1 - fraction))
     assert abs(len(records) - count * fraction) <= margin, f"{len(records)} shadows of {count} at {fraction}"
-    assert running.worker.rollout.shadow.skipped == {"level": 0, "unhealthy": 0, "busy": 0}
+    assert running.worker.rollout.shadow.skipped == {"level": 0, "unhealthy": 0, "breaker": 0, "busy": 0}
     assert sim_metric(candidate.base_url, "vllm:request_success_total") == len(records)
     assert {r["candidate"]["model"] for r in records} == {CANDIDATE_MODEL}
     assert all(0.0 <= r["similarity"] <= 1.0 and r["primary"]["ttft_seconds"] is not None for r in records)
