@@ -89,5 +89,5 @@ if [ "$#" -eq 0 ] && [ "${TIDEGATE_SKIP_CLUSTER_PASS:-0}" != 1 ]; then
   TIDEGATE_TEST_REDIS_CLUSTER=1 "$VENV/bin/pytest" -q -m "not vllm" \
     tests/shared/queue tests/monitor tests/worker/test_priority.py tests/worker/test_shutdown.py \
     tests/worker/test_leases_and_routing.py tests/worker/test_rollout.py tests/worker/test_candidate_breaker.py \
-    tests/producer/api/test_tickets.py tests/cluster
+    tests/worker/test_queue_set.py tests/producer/api/test_tickets.py tests/cluster
 fi

@@ -19,6 +19,7 @@ from worker.breaker_gate import BreakerGate
 from worker.inflight import AbortReason, InFlight, RunningTicket
 from worker.latency_guard import LatencyGuard
 from worker.live_publisher import LivePublisher
+from worker.queue_set import QueueSet
 from worker.result_writer import ResultWriter
 from worker.rollout_routing import ArmClient, RolloutRouter
 from worker.vllm_client import RequestAborted, VllmClient, VllmError
@@ -98,6 +99,8 @@ class Executor:
         if running.ticket.live is None:
             return None
         queue = self.writer.queue
+        if isinstance(queue, QueueSet):  # the live stream is read on the ticket's own queue
+            queue = queue.owner(running.id)
         return LivePublisher(
             queue.redis,
             queue.keys,
