@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import re
 import signal
 import socket
 import sys
@@ -14,8 +13,8 @@ from typing import Annotated, Literal
 import redis
 import typer
 
-from shared.cli_support import EXIT_BAD_INPUT, fail, load_settings, print_json
-from shared.config import QUEUE_NAME_PATTERN, Settings, setting_help
+from shared.cli_support import EXIT_BAD_INPUT, fail, load_settings, parse_queue_names, print_json
+from shared.config import Settings, setting_help
 from shared.keys import QueueKeys
 from shared.logs import configure_logging, tag_process
 from shared.metrics import serve
@@ -23,7 +22,6 @@ from shared.redis_conn import RedisUnavailable, connect_from
 from worker.config import WorkerConfig
 from worker.gpu_memory import GpuBackendError, GpuMemoryProvider, make_provider
 from worker.model_spec import ModelSpec, ModelSpecError, load_model_spec
-from worker.queue_set import parse_queue_names
 from worker.registry import check_alive, default_worker_id
 from worker.supervisor import PlanError, Supervisor, plan_targets
 from worker.vllm_args import launch_args
@@ -119,7 +117,7 @@ def worker(
     """Run one GPU worker per GPU against vLLM: claim by priority, batch by free memory, write results."""
     _configure_logging(log_level)
     given_urls = _split_urls(vllm_url)
-    queues = parse_queue_names(queue or [])
+    queues = parse_queue_names(queue)
     settings = load_settings(
         queue_name=queues[0] if queues else None,
         vllm_url=given_urls[0] if given_urls else None,
@@ -142,7 +140,7 @@ def worker(
     if gpus is not None:
         argv = _child_args(
             settings,
-            extra_queues=_checked_queues(queues[1:]),
+            extra_queues=queues[1:],
             model=model,
             burst=burst,
             grace_seconds=grace_seconds,
@@ -163,7 +161,7 @@ def worker(
             vllm_url=urls[index] if len(urls) > 1 else urls[0],
             worker_id=worker_id or default_worker_id(index),
             queue_name=settings.queue_name,
-            extra_queues=_checked_queues(queues[1:]),
+            extra_queues=queues[1:],
             replica_acks=settings.replica_acks,
             fallback_vllm_url=settings.fallback_vllm_url,
             model=model,
@@ -271,14 +269,6 @@ def _print_vllm_args(settings: Settings, spec: ModelSpec, url: str, gpus: str | 
     for note in notes:
         typer.echo(f"# {note}", err=True)
     typer.echo(args.command_line())
-
-
-def _checked_queues(names: tuple[str, ...]) -> tuple[str, ...]:
-    """The queues served after the first; exit 2 naming one whose name is not accepted."""
-    for name in names:
-        if not re.match(QUEUE_NAME_PATTERN, name):
-            fail(f"--queue: {name!r} is not a queue name (letters, digits, _ . -, 1-64)", EXIT_BAD_INPUT)
-    return names
 
 
 def _child_args(

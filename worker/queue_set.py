@@ -16,6 +16,7 @@ on the first queue's wake list in short slices, looking at the others' in betwee
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -28,17 +29,9 @@ from worker.registry import WorkerRegistry
 MAX_BLOCK_SECONDS = 10.0
 CLUSTER_SLICE_SECONDS = 0.25
 """On a Cluster: how long an idle multi-queue worker blocks on one wake list before looking at the rest."""
-
-
-def parse_queue_names(values: Sequence[str]) -> tuple[str, ...]:
-    """`["a", "b,c"]` -> `("a", "b", "c")`, first seen first; empty pieces dropped."""
-    names: list[str] = []
-    for value in values:
-        for name in value.split(","):
-            name = name.strip()
-            if name and name not in names:
-                names.append(name)
-    return tuple(names)
+OWNER_GRACE_SECONDS = 60.0
+"""A remembered ticket older than this and no longer in flight ended without a write of ours
+(cancelled, lease lost): its entry is dropped. Younger ones may be claimed but not yet in flight."""
 
 
 class QueueSet:
@@ -52,7 +45,7 @@ class QueueSet:
         self.redis = self.first.redis
         self.policy = self.first.policy
         self.keys = self.first.keys
-        self._owners: dict[str, TicketQueue] = {}
+        self._owners: dict[str, tuple[TicketQueue, float]] = {}
         self._lock = threading.Lock()
         self._blocking: Redis | None = None
 
@@ -63,11 +56,17 @@ class QueueSet:
     def owner(self, ticket_id: str) -> TicketQueue:
         """The queue a ticket this worker claimed came from (the first queue for one it did not)."""
         with self._lock:
-            return self._owners.get(ticket_id, self.first)
+            return self._owners.get(ticket_id, (self.first, 0.0))[0]
 
     def _forget(self, ticket_id: str) -> TicketQueue:
         with self._lock:
-            return self._owners.pop(ticket_id, self.first)
+            return self._owners.pop(ticket_id, (self.first, 0.0))[0]
+
+    def _prune(self, in_flight: set[str]) -> None:
+        cutoff = time.monotonic() - OWNER_GRACE_SECONDS
+        with self._lock:
+            for ticket_id in [t for t, (_, at) in self._owners.items() if at < cutoff and t not in in_flight]:
+                del self._owners[ticket_id]
 
     # ---- claiming ---------------------------------------------------------------------------
     def claim(
@@ -101,7 +100,7 @@ class QueueSet:
             )
             with self._lock:
                 for item in got:
-                    self._owners[item.ticket.id] = queue
+                    self._owners[item.ticket.id] = (queue, time.monotonic())
             for item in got:
                 cost = item.ticket.cost_tokens
                 count -= 1
@@ -161,7 +160,9 @@ class QueueSet:
     def extend_many(
         self, leases: Sequence[tuple[str, str]], lease_seconds: float | None = None
     ) -> dict[str, str]:
-        """Renew leases queue by queue (each queue's in one round trip)."""
+        """Renew leases queue by queue (each queue's in one round trip); `leases` is everything in
+        flight, so remembered tickets missing from it long enough are forgotten here."""
+        self._prune({ticket_id for ticket_id, _ in leases})
         by_queue: dict[int, list[tuple[str, str]]] = {}
         for lease in leases:
             by_queue.setdefault(id(self.owner(lease[0])), []).append(lease)

@@ -12,7 +12,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,6 @@ from redis import Redis
 from ops.lab.sim.process import SimulatorProcess
 from shared.policy import Policy, default_policy_text, parse_policy
 from shared.queue import TicketQueue
-from tests.conftest import delete_queue_keys
 from tests.redis_cluster import suite_env
 from worker.config import WorkerConfig
 from worker.gpu_memory import make_provider
@@ -74,14 +72,6 @@ def fast_policy(fast_policy_file: Path) -> Policy:
 @pytest.fixture
 def fast_queue(redis_client: Redis, fast_policy: Policy, queue_name: str) -> TicketQueue:
     return TicketQueue(redis_client, fast_policy, queue_name)
-
-
-@pytest.fixture
-def second_queue(redis_client: Redis, queue_name: str) -> Iterator[str]:
-    """A queue served after the test's own (a worker's `--queue a,b`); its keys are removed afterwards."""
-    name = f"{queue_name}-{uuid.uuid4().hex[:4]}"
-    yield name
-    delete_queue_keys(redis_client, name)
 
 
 @pytest.fixture

@@ -7,16 +7,19 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+import pytest
 from redis import Redis
 
 from ops.lab.sim.process import SimulatorProcess
+from shared.cli_support import parse_queue_names
 from shared.policy import Policy
 from shared.queue import TicketQueue
 from tests.worker.conftest import RunningWorker
 from tests.worker.support import producer_for, submit_many, wait_all_done
+from worker import queue_set
 from worker.config import WorkerConfig
 from worker.gpu_memory import make_provider
-from worker.queue_set import QueueSet, parse_queue_names
+from worker.queue_set import QueueSet
 from worker.registry import live_workers
 from worker.worker import Worker
 
@@ -114,3 +117,22 @@ def test_a_worker_serves_its_queues_in_priority_order_and_writes_each_ticket_to_
         )
         assert stats.inflight == 0
     assert live_workers(redis_client, second.keys) == [], "it left every queue's registry"
+
+
+def test_a_ticket_that_ended_without_a_write_of_ours_is_forgotten_once_out_of_flight(
+    redis_client: Redis,
+    fast_policy: Policy,
+    queue_name: str,
+    second_queue: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    first = TicketQueue(redis_client, fast_policy, queue_name)
+    second = TicketQueue(redis_client, fast_policy, second_queue)
+    submit_many(producer_for(second), 2, max_tokens=8)
+    queues = QueueSet([first, second])
+    running, cancelled = queues.claim("w", 2)
+    monkeypatch.setattr(queue_set, "OWNER_GRACE_SECONDS", 0.0)
+    replies = queues.extend_many([(running.ticket.id, running.token)])
+    assert replies == {running.ticket.id: "ok"}, "the lease is renewed in the ticket's own queue"
+    assert queues.owner(running.ticket.id) is second, "a ticket in flight is remembered"
+    assert queues.owner(cancelled.ticket.id) is first, "one no longer in flight is not"
