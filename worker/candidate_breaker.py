@@ -62,10 +62,11 @@ class CandidateBreaker:
         with self._lock:
             self._watched = endpoint
             fresh = self._described != endpoint
-            self._described = endpoint
         try:
             if fresh:  # so status lists it as the candidate, and admission never counts it as a primary
                 self.gate.store.describe(endpoint, role=CANDIDATE_ROLE)
+                with self._lock:
+                    self._described = endpoint
             return self.gate.state(endpoint)
         except redis.RedisError as exc:
             log.warning("could not read the candidate's breaker (%s); routing as if closed", exc)
@@ -77,10 +78,12 @@ class CandidateBreaker:
         now = time.time()
         if state is None or not diverts(state, now):
             return CanaryRoute.CANDIDATE
-        if state.phase(now) is Phase.HALF_OPEN and state.probe_until <= now:
-            assert self.gate is not None
-            if self.gate.take_probe(endpoint_id(url)):
-                return CanaryRoute.PROBE
+        if self.gate is not None and state.phase(now) is Phase.HALF_OPEN and state.probe_until <= now:
+            try:
+                if self.gate.take_probe(endpoint_id(url)):
+                    return CanaryRoute.PROBE
+            except redis.RedisError as exc:
+                log.warning("could not take the candidate's probe (%s); the primary answers", exc)
         return CanaryRoute.PRIMARY
 
     def allows_shadow(self, url: str) -> bool:
@@ -98,11 +101,10 @@ class CandidateBreaker:
 
     def _on_transition(self, endpoint: str, state: BreakerState, transitions: list[str]) -> None:
         with self._lock:
-            if endpoint != self._watched:
+            if endpoint != self._watched or self.gate is None:
                 return
         routing = CanaryRoute.PRIMARY if diverts(state, time.time()) else CanaryRoute.CANDIDATE
         log.warning("candidate %s breaker %s: canary tickets go to the %s", endpoint, transitions, routing)
-        assert self.gate is not None
         try:
             append_event(
                 self.gate.store.redis,

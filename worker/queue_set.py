@@ -22,11 +22,10 @@ from typing import Any
 
 from redis import Redis
 
-from shared.queue import ClaimedTicket, ReapResult, TicketQueue
+from shared.queue import MAX_BLOCK_SECONDS, ClaimedTicket, ReapResult, TicketQueue
 from shared.redis_conn import blocking_client, is_cluster
 from worker.registry import WorkerRegistry
 
-MAX_BLOCK_SECONDS = 10.0
 CLUSTER_SLICE_SECONDS = 0.25
 """On a Cluster: how long an idle multi-queue worker blocks on one wake list before looking at the rest."""
 OWNER_GRACE_SECONDS = 60.0
