@@ -86,9 +86,8 @@ fi
 # A short second pass (tests/redis_cluster.py starts 3 masters + 3 replicas on loopback and stops
 # them). Skipped when pytest was given arguments, so `bash ops/test.sh tests/shared -x` stays quick.
 if [ "$#" -eq 0 ] && [ "${TIDEGATE_SKIP_CLUSTER_PASS:-0}" != 1 ]; then
-  # Model rollouts do not run on a Cluster yet (their transactions span slots): left out until they do.
   TIDEGATE_TEST_REDIS_CLUSTER=1 "$VENV/bin/pytest" -q -m "not vllm" \
     tests/shared/queue tests/monitor tests/worker/test_priority.py tests/worker/test_shutdown.py \
-    tests/worker/test_leases_and_routing.py tests/producer/api/test_tickets.py tests/cluster \
-    --ignore=tests/monitor/test_rollout.py --ignore=tests/monitor/test_rollout_cli.py
+    tests/worker/test_leases_and_routing.py tests/worker/test_rollout.py tests/worker/test_candidate_breaker.py \
+    tests/worker/test_queue_set.py tests/producer/api/test_tickets.py tests/cluster
 fi

@@ -14,10 +14,17 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
-from producer.live_view import render_status
+from producer.live_view import render_queues
 from producer.producer import Producer, SubmitResult
 from producer.status import operator_status
-from shared.cli_support import EXIT_BAD_INPUT, fail, load_settings, print_json, redis_failure
+from shared.cli_support import (
+    EXIT_BAD_INPUT,
+    fail,
+    load_settings,
+    parse_queue_names,
+    print_json,
+    redis_failure,
+)
 from shared.config import Settings
 from shared.errors import TicketValidationError
 from shared.models import Ticket
@@ -208,30 +215,39 @@ def ticket(
     Console().print(table)
 
 
-def status_document(settings: Settings) -> dict[str, Any]:
-    return operator_status(connect_from(settings), settings.policy, settings.queue_name)
+def status_documents(settings: Settings, names: tuple[str, ...]) -> list[dict[str, Any]]:
+    client = connect_from(settings)
+    return [operator_status(client, settings.policy, name) for name in names]
 
 
 @status_app.command()
 def status(
-    queue: str | None = typer.Option(None, "--queue"),
+    queue: list[str] | None = typer.Option(
+        None, "--queue", help="queue name (TIDEGATE_QUEUE_NAME); repeat it, or a comma list, to show several"
+    ),
     watch: bool = typer.Option(False, "--watch", help="refresh every second until Ctrl-C"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Depth per type, alarm level (in colour) and transitions, mode, workers, recent sheds."""
-    settings = load_settings(queue_name=queue)
+    """Depth per type, alarm level (in colour) and transitions, mode, workers, recent sheds.
+
+    With several queues: a row per queue, then each queue's view; `--json` prints `{"queues": [...]}`,
+    one document per queue (one queue prints its document alone).
+    """
+    names = parse_queue_names(queue)
+    settings = load_settings(queue_name=names[0] if names else None)
+    names = names or (settings.queue_name,)
     try:
-        doc = status_document(settings)
+        docs = status_documents(settings, names)
         if as_json:
-            print_json(doc)
+            print_json(docs[0] if len(docs) == 1 else {"queues": docs})
             return
         if not watch:
-            Console().print(render_status(doc))
+            Console().print(render_queues(docs))
             return
-        with Live(render_status(doc), refresh_per_second=2) as live:
+        with Live(render_queues(docs), refresh_per_second=2) as live:
             while True:
                 time.sleep(1)
-                live.update(render_status(status_document(settings)))
+                live.update(render_queues(status_documents(settings, names)))
     except (RedisUnavailable, redis.RedisError) as exc:
         redis_failure(exc)
     except KeyboardInterrupt:

@@ -195,3 +195,21 @@ def render_status(doc: dict[str, Any], refreshed_at: float | None = None) -> Gro
         f"queue {doc['queue']} · refreshed {_clock(refreshed_at or doc['generated_at'])}", style="dim"
     )
     return Group(_head(doc), _types(doc), workers, transitions, events, footer)
+
+
+def render_queues(docs: list[dict[str, Any]]) -> Group:
+    """`tidegate status --queue a --queue b`: one row per queue, then each queue's own view."""
+    if len(docs) == 1:
+        return render_status(docs[0])
+    table = Table("queue", "level", "mode", "depth", "in flight", "delayed", "workers", title="queues")
+    for doc in docs:
+        table.add_row(
+            doc["queue"],
+            level_badge(doc["level"]),
+            doc["mode"],
+            str(doc["depth"]),
+            str(doc["inflight"]),
+            str(doc["delayed"]),
+            str(doc["workers_alive"]),
+        )
+    return Group(table, *(render_status(doc) for doc in docs))

@@ -6,13 +6,15 @@ CONTRACT.md: errors go to stderr with exit code 2 for bad input and 1 for other 
 from __future__ import annotations
 
 import json
+import re
 import sys
+from collections.abc import Sequence
 from typing import Any, NoReturn
 
 import typer
 from pydantic import ValidationError
 
-from shared.config import Settings
+from shared.config import QUEUE_NAME_PATTERN, Settings
 from shared.policy import PolicyError
 from shared.redis_conn import RedisUnavailable
 
@@ -47,3 +49,16 @@ def redis_failure(exc: Exception) -> NoReturn:
     if isinstance(exc, RedisUnavailable):
         fail(str(exc))
     fail(f"Redis error: {exc}")
+
+
+def parse_queue_names(values: Sequence[str] | None) -> tuple[str, ...]:
+    """`--queue a --queue b,c` -> `("a", "b", "c")`, first seen first; exit 2 naming a bad name."""
+    names: list[str] = []
+    for value in values or []:
+        for name in (piece.strip() for piece in value.split(",")):
+            if not name or name in names:
+                continue
+            if not re.match(QUEUE_NAME_PATTERN, name):
+                fail(f"--queue: {name!r} is not a queue name (letters, digits, _ . -, 1-64)", EXIT_BAD_INPUT)
+            names.append(name)
+    return tuple(names)

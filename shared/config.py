@@ -16,6 +16,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from shared.policy import Policy, load_policy
 from shared.redis_conn import parse_sentinels
 
+QUEUE_NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
+"""What a queue's name may be: it becomes part of every key's hash tag."""
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TIDEGATE_", env_file=".env", extra="ignore")
@@ -39,9 +42,7 @@ class Settings(BaseSettings):
     replica_acks: int = Field(
         default=0, ge=0, le=16, description="replicas that must hold a ticket before it is acknowledged"
     )
-    queue_name: str = Field(
-        default="default", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="the queue's name"
-    )
+    queue_name: str = Field(default="default", pattern=QUEUE_NAME_PATTERN, description="the queue's name")
     vllm_url: str = Field(default="http://127.0.0.1:8000", description="the local vLLM endpoint")
     fallback_vllm_url: str | None = Field(
         default=None,

@@ -9,6 +9,8 @@ Two kinds of figures, two sources:
 - Observations only one process sees (queue wait, time to first token, latency, vLLM errors) are
   ordinary prometheus-client objects in that process. With several uvicorn workers set
   PROMETHEUS_MULTIPROC_DIR and `build_registry` aggregates them with the multiprocess collector.
+Every figure read from Redis carries a `queue` label (a monitor or API may serve several queues),
+so queries fold exporters with `max by (queue)`.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import logging
 import os
 import platform
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from wsgiref.simple_server import WSGIServer
 
 import redis
@@ -95,32 +97,61 @@ VLLM_ERRORS = Counter(
 
 # ---- read from Redis at scrape time ----------------------------------------------------------------
 class RedisStateCollector(Collector):
-    """Queue, alarm, mode, outcome and worker-registry figures of one queue, read when scraped."""
+    """Queue, alarm, mode, outcome and worker-registry figures of each queue, read when scraped.
 
-    def __init__(self, client: redis.Redis, policy: Policy, queue_name: str) -> None:
+    Each queue's families are read on their own (on a Cluster each queue may be on another node,
+    so one unreachable queue reads `tidegate_redis_up{queue} 0` while the others still report),
+    labelled with the queue, and merged into one family per name.
+    """
+
+    def __init__(self, client: redis.Redis, policy: Policy, queue_names: str | Sequence[str]) -> None:
         self.redis = client
         self.policy = policy
-        self.queue = TicketQueue(client, policy, queue_name)
-        self.keys = QueueKeys(queue_name)
+        names = [queue_names] if isinstance(queue_names, str) else list(queue_names)
+        self.queues = [_QueueState(client, policy, name) for name in names]
 
     def describe(self) -> Iterable[Metric]:
         # Nothing to describe up front: registering must not touch Redis.
         return []
 
     def collect(self) -> Iterator[Metric]:
-        up = GaugeMetricFamily("tidegate_redis_up", "1 when the last scrape could read Redis.")
-        try:
-            families = self._families()
-        except redis.RedisError as exc:
-            log.warning("metrics scrape could not read Redis: %s", exc)
-            up.add_metric([], 0)
-            yield up
-            return
-        up.add_metric([], 1)
+        up = GaugeMetricFamily(
+            "tidegate_redis_up", "1 when the last scrape could read Redis.", labels=["queue"]
+        )
+        merged: dict[str, Metric] = {}
+        for queue in self.queues:
+            try:
+                families = queue.families()
+            except redis.RedisError as exc:
+                log.warning("metrics scrape could not read queue %s in Redis: %s", queue.name, exc)
+                up.add_metric([queue.name], 0)
+                continue
+            up.add_metric([queue.name], 1)
+            for family in families:
+                _merge(merged, family, queue.name)
         yield up
-        yield from families
+        yield from merged.values()
 
-    def _families(self) -> list[Metric]:
+
+def _merge(merged: dict[str, Metric], family: Metric, queue_name: str) -> None:
+    """Add `family`'s samples, each labelled `queue=queue_name`, to the family of its name."""
+    target = merged.setdefault(
+        family.name, Metric(family.name, family.documentation, family.type, family.unit)
+    )
+    target.samples += [s._replace(labels={**s.labels, "queue": queue_name}) for s in family.samples]
+
+
+class _QueueState:
+    """One queue's figures in Redis."""
+
+    def __init__(self, client: redis.Redis, policy: Policy, queue_name: str) -> None:
+        self.name = queue_name
+        self.redis = client
+        self.policy = policy
+        self.queue = TicketQueue(client, policy, queue_name)
+        self.keys = QueueKeys(queue_name)
+
+    def families(self) -> list[Metric]:
         stats = self.queue.stats()
         state, _ = read_control_state(self.redis, self.keys, self.policy.alarms)
         workers = read_live_workers(self.redis, self.keys, clock.now())
@@ -286,11 +317,12 @@ def tidegate_version() -> str:
 def build_registry(
     client: redis.Redis | None = None,
     policy: Policy | None = None,
-    queue_name: str = "default",
+    queue_name: str | Sequence[str] = "default",
     *,
     include_process: bool = True,
 ) -> CollectorRegistry:
-    """A registry for one /metrics endpoint: Redis state (when a client is given) and local metrics."""
+    """A registry for one /metrics endpoint: Redis state of each queue named (when a client is
+    given) and local metrics."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(BuildInfo())
     if client is not None and policy is not None:

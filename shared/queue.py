@@ -196,10 +196,11 @@ class TicketQueue:
         return self._blocking.blpop([self.keys.wake], timeout=wait) is not None
 
     def close(self) -> None:
-        """Close the blocking pop's client (the caller owns `redis`)."""
-        if self._blocking is not None:
+        """Close the blocking pop's client (the caller owns `redis`, which a Cluster or Sentinel
+        client's pops share: that one is left open)."""
+        if self._blocking is not None and self._blocking is not self.redis:
             self._blocking.close()
-            self._blocking = None
+        self._blocking = None
 
     def wake_workers(self) -> None:
         """Leave one wake-up marker, as a new ticket does, so an idle worker looks at the queue now."""

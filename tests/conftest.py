@@ -104,6 +104,14 @@ def queue_name(redis_client: Redis) -> Iterator[str]:
 
 
 @pytest.fixture
+def second_queue(redis_client: Redis, queue_name: str) -> Iterator[str]:
+    """A second queue beside the test's own (a worker's or monitor's `--queue a,b`); its keys are removed afterwards."""
+    name = f"{queue_name}-{uuid.uuid4().hex[:4]}"
+    yield name
+    delete_queue_keys(redis_client, name)
+
+
+@pytest.fixture
 def loopback_callbacks_policy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     """A policy file allowing callbacks to 127.0.0.1 (the tests' receivers), also set as this
     process's TIDEGATE_POLICY_FILE so callback jobs run in the test process read it."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -57,6 +58,8 @@ class BreakerGate:
         self.fallbacks = [Fallback(c, endpoint_id(c.base_url)) for c in fallbacks]
         self._lock = threading.Lock()
         self._cache: dict[str, tuple[float, BreakerState]] = {}
+        self.listeners: list[Callable[[str, BreakerState, list[str]], None]] = []
+        """Told of every transition this worker commits (each is committed once, by one worker)."""
 
     # ---- state --------------------------------------------------------------------------------
     def state(self, endpoint: str) -> BreakerState:
@@ -69,13 +72,15 @@ class BreakerGate:
         # to clear although nothing is counted for its endpoint any more.
         state, transitions = self.store.record(endpoint, None)
         self._remember(endpoint, state)
-        self._log(endpoint, transitions)
+        self._announce(endpoint, state, transitions)
         return state
 
-    @staticmethod
-    def _log(endpoint: str, transitions: list[str]) -> None:
+    def _announce(self, endpoint: str, state: BreakerState, transitions: list[str]) -> None:
         for transition in transitions:
             log.warning("breaker %s: %s", endpoint, transition)
+        if transitions:
+            for listener in self.listeners:
+                listener(endpoint, state, transitions)
 
     def _remember(self, endpoint: str, state: BreakerState) -> None:
         with self._lock:
@@ -98,10 +103,12 @@ class BreakerGate:
             return Gate.WAIT, 0.5
         return Gate.PROBE, 0.0
 
-    def take_probe(self) -> bool:
-        taken = self.store.take_probe(self.primary_endpoint)
+    def take_probe(self, endpoint: str | None = None) -> bool:
+        """Claim the one half-open probe of `endpoint` (the primary's by default)."""
+        endpoint = endpoint or self.primary_endpoint
+        taken = self.store.take_probe(endpoint)
         with self._lock:
-            self._cache.pop(self.primary_endpoint, None)
+            self._cache.pop(endpoint, None)
         return taken
 
     def release_probe(self) -> None:
@@ -139,7 +146,7 @@ class BreakerGate:
         endpoint = endpoint_id(client.base_url)
         state, transitions = self.store.record(endpoint, ok, probe=probe)
         self._remember(endpoint, state)
-        self._log(endpoint, transitions)
+        self._announce(endpoint, state, transitions)
 
     # ---- pairing ------------------------------------------------------------------------------
     def pair(self) -> None:

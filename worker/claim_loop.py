@@ -16,13 +16,14 @@ from collections.abc import Callable
 
 import redis
 
-from shared.queue import ClaimedTicket, TicketQueue
+from shared.queue import ClaimedTicket
 from worker import telemetry
 from worker.batch_sizer import BatchSizer
 from worker.breaker_gate import BreakerGate, Gate
 from worker.headroom import CriticalHeadroom
 from worker.inflight import InFlight, RunningTicket
 from worker.latency_guard import LatencyGuard
+from worker.queue_set import Queues
 from worker.result_writer import ResultWriter
 from worker.vllm_health import VllmHealth
 
@@ -35,7 +36,7 @@ class ClaimLoop:
     def __init__(
         self,
         *,
-        queue: TicketQueue,
+        queue: Queues,
         worker_id: str,
         gpu: int,
         sizer: BatchSizer,

@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 import redis
 import typer
 
-from shared.cli_support import EXIT_BAD_INPUT, fail, load_settings, print_json
+from shared.cli_support import EXIT_BAD_INPUT, fail, load_settings, parse_queue_names, print_json
 from shared.config import Settings, setting_help
 from shared.keys import QueueKeys
 from shared.logs import configure_logging, tag_process
@@ -97,7 +97,14 @@ def worker(
     print_vllm_args: Annotated[
         bool, typer.Option("--print-vllm-args", help="Print the vLLM launch flags for this node.")
     ] = False,
-    queue: Annotated[str | None, typer.Option(help=setting_help("queue_name"))] = None,
+    queue: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--queue",
+            help=setting_help("queue_name")
+            + " Repeat it, or a comma list, to serve several queues in that priority order.",
+        ),
+    ] = None,
     worker_id: Annotated[str | None, typer.Option(help="Registry name (default: HOST-gpuN).")] = None,
     heartbeat_seconds: Annotated[float, typer.Option(help="Registry heartbeat interval.")] = 2.0,
     resize_seconds: Annotated[float, typer.Option(help="How often the batch limit is recomputed.")] = 2.0,
@@ -110,8 +117,9 @@ def worker(
     """Run one GPU worker per GPU against vLLM: claim by priority, batch by free memory, write results."""
     _configure_logging(log_level)
     given_urls = _split_urls(vllm_url)
+    queues = parse_queue_names(queue)
     settings = load_settings(
-        queue_name=queue,
+        queue_name=queues[0] if queues else None,
         vllm_url=given_urls[0] if given_urls else None,
         fallback_vllm_url=fallback_vllm_url,
         gpu_backend=gpu_backend,
@@ -132,6 +140,7 @@ def worker(
     if gpus is not None:
         argv = _child_args(
             settings,
+            extra_queues=queues[1:],
             model=model,
             burst=burst,
             grace_seconds=grace_seconds,
@@ -152,6 +161,7 @@ def worker(
             vllm_url=urls[index] if len(urls) > 1 else urls[0],
             worker_id=worker_id or default_worker_id(index),
             queue_name=settings.queue_name,
+            extra_queues=queues[1:],
             replica_acks=settings.replica_acks,
             fallback_vllm_url=settings.fallback_vllm_url,
             model=model,
@@ -264,6 +274,7 @@ def _print_vllm_args(settings: Settings, spec: ModelSpec, url: str, gpus: str | 
 def _child_args(
     settings: Settings,
     *,
+    extra_queues: tuple[str, ...],
     model: str | None,
     burst: bool,
     grace_seconds: float,
@@ -275,7 +286,7 @@ def _child_args(
     """Flags every child shares, from the resolved settings (the environment passes through too)."""
     args = [
         "--queue",
-        settings.queue_name,
+        ",".join((settings.queue_name, *extra_queues)),
         "--max-batch",
         str(settings.max_batch),
         "--safety-margin",

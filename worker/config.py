@@ -13,6 +13,8 @@ class WorkerConfig:
     vllm_url: str
     worker_id: str
     queue_name: str = "default"
+    extra_queues: tuple[str, ...] = ()
+    """Further queues served after `queue_name`, in priority order (worker/queue_set.py)."""
     replica_acks: int = 0
     """Replicas that must hold a finished ticket before the worker moves on (TIDEGATE_REPLICA_ACKS)."""
     fallback_vllm_url: str | None = None
@@ -33,6 +35,11 @@ class WorkerConfig:
     resize_seconds: float = 2.0
     block_seconds: float = 5.0
     """Longest blocking wait for new work (≤ 10 s, so a lost Redis connection is noticed)."""
+
+    @property
+    def queue_names(self) -> tuple[str, ...]:
+        """Every queue this worker serves, the first served first."""
+        return (self.queue_name, *(q for q in self.extra_queues if q != self.queue_name))
 
     def __post_init__(self) -> None:
         checks = {

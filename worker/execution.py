@@ -19,6 +19,7 @@ from worker.breaker_gate import BreakerGate
 from worker.inflight import AbortReason, InFlight, RunningTicket
 from worker.latency_guard import LatencyGuard
 from worker.live_publisher import LivePublisher
+from worker.queue_set import QueueSet
 from worker.result_writer import ResultWriter
 from worker.rollout_routing import ArmClient, RolloutRouter
 from worker.vllm_client import RequestAborted, VllmClient, VllmError
@@ -74,8 +75,9 @@ class Executor:
         if self.breakers is None:
             return
         endpoint = client.answered_by if isinstance(client, ArmClient) else client
+        probe = running.probe or (isinstance(client, ArmClient) and client.probe)
         try:
-            self.breakers.record(endpoint, ok, probe=running.probe)
+            self.breakers.record(endpoint, ok, probe=probe)
         except redis.RedisError as exc:  # the answer still counts; only the breaker misses one sample
             log.warning("breaker: could not count an outcome of %s (%s)", client.base_url, exc)
 
@@ -97,6 +99,8 @@ class Executor:
         if running.ticket.live is None:
             return None
         queue = self.writer.queue
+        if isinstance(queue, QueueSet):  # the live stream is read on the ticket's own queue
+            queue = queue.owner(running.id)
         return LivePublisher(
             queue.redis,
             queue.keys,

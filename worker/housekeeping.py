@@ -20,11 +20,11 @@ import redis
 import requests
 
 from shared.control import read_control_state
-from shared.queue import TicketQueue
 from worker.batch_sizer import BatchSizer, SizerInputs
 from worker.gpu_memory import GpuBackendError, GpuMemory, GpuMemoryProvider
 from worker.inflight import InFlight
 from worker.latency_guard import LatencyGuard
+from worker.queue_set import Queues, RegistrySet
 from worker.registry import WorkerRegistry
 from worker.vllm_metrics import VllmMetrics, VllmMetricsError, scrape
 
@@ -47,12 +47,12 @@ class Housekeeping:
     def __init__(
         self,
         *,
-        queue: TicketQueue,
+        queue: Queues,
         worker_id: str,
         gpu_index: int,
         sizer: BatchSizer,
         inflight: InFlight,
-        registry: WorkerRegistry,
+        registry: WorkerRegistry | RegistrySet,
         gpu_provider: GpuMemoryProvider | None,
         vllm_url: str,
         heartbeat_seconds: float,

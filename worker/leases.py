@@ -17,8 +17,8 @@ import redis
 
 from shared import clock
 from shared.logs import ticket_fields
-from shared.queue import TicketQueue
 from worker.inflight import AbortReason, InFlight
+from worker.queue_set import Queues
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +27,7 @@ MAX_RENEW_INTERVAL_SECONDS = 1.0
 
 
 class LeaseKeeper:
-    def __init__(self, queue: TicketQueue, inflight: InFlight, lease_seconds: float) -> None:
+    def __init__(self, queue: Queues, inflight: InFlight, lease_seconds: float) -> None:
         self.queue = queue
         self.inflight = inflight
         self.lease_seconds = lease_seconds

@@ -11,16 +11,16 @@ import logging
 
 from shared import clock
 from shared.logs import ticket_fields
-from shared.queue import TicketQueue
 from worker import telemetry
 from worker.inflight import RunningTicket
+from worker.queue_set import Queues
 from worker.vllm_client import Completion
 
 log = logging.getLogger(__name__)
 
 
 class ResultWriter:
-    def __init__(self, queue: TicketQueue, worker_id: str) -> None:
+    def __init__(self, queue: Queues, worker_id: str) -> None:
         self.queue = queue
         self.worker_id = worker_id
 

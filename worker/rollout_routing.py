@@ -4,7 +4,8 @@ The endpoint is chosen once, when the ticket's attempt starts, from the rollout 
 read at most `refresh_seconds` ago; the attempt then finishes on that endpoint whatever the
 rollout does meanwhile. So a wave change or a rollback never moves a request that is running:
 a rollback only changes where the next attempts go, and since the claim lease fences every ticket
-to one attempt at a time, no ticket is lost or answered twice.
+to one attempt at a time, no ticket is lost or answered twice. The candidate's own breaker
+(worker/candidate_breaker.py) may send a canary ticket to the primary instead.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from shared.policy import AlarmLevel, Policy
 from shared.rollout import RolloutState, routes_to_candidate
 from shared.rollout_stats import record_call
 from shared.rollout_store import read_rollout
+from worker.breaker_gate import BreakerGate
+from worker.candidate_breaker import CanaryRoute, CandidateBreaker
 from worker.shadow import ShadowRunner
 from worker.vllm_client import Completion, RequestHandle, VllmClient, VllmError
 
@@ -64,6 +67,7 @@ class ArmClient:
         arm: str,
         rollout: RolloutState,
         rescue: VllmClient | None = None,
+        probe: bool = False,
     ) -> None:
         self.router = router
         self.client = client
@@ -72,6 +76,8 @@ class ArmClient:
         self.rescue = rescue
         self.answered_by = client
         """The endpoint whose outcome the breaker counts: the primary once it rescued the call."""
+        self.probe = probe
+        """This call is the candidate's half-open probe (until the primary rescues it)."""
 
     @property
     def base_url(self) -> str:
@@ -101,7 +107,9 @@ class ArmClient:
             log.info(
                 "ticket %s: the candidate failed (%s); the primary answers it", ticket.id, error.kind.value
             )
-            self.answered_by = self.rescue
+            # The executor counts only the rescuer's outcome, so the candidate's failure is counted here.
+            self.router.candidate_breaker.record(self.client, False, probe=self.probe)
+            self.answered_by, self.probe = self.rescue, False
             primary = ArmClient(self.router, self.rescue, "primary", self.rollout)
             return primary.run(ticket, max_tokens=max_tokens, handle=handle, on_text=on_text)
         self.router.record(self.rollout, self.arm, "ok", completion.ttft_seconds)
@@ -120,6 +128,7 @@ class RolloutRouter:
         policy: Policy,
         pool_size: int,
         refresh_seconds: float = REFRESH_SECONDS,
+        breakers: BreakerGate | None = None,
     ) -> None:
         self.redis = client
         self.keys = keys
@@ -130,7 +139,12 @@ class RolloutRouter:
         self._view = RolloutView(None, AlarmLevel.GREEN)
         self._read_at = float("-inf")
         self._candidate: VllmClient | None = None
+        self.candidate_breaker = CandidateBreaker(breakers, self._rollout_id)
         self.shadow = ShadowRunner(client, keys, policy.rollout, self)
+
+    def _rollout_id(self) -> str:
+        rollout = self._view.rollout
+        return rollout.id if rollout is not None else ""
 
     def view(self) -> RolloutView:
         """The rollout and alarm level, re-read when older than `refresh_seconds`."""
@@ -167,8 +181,12 @@ class RolloutRouter:
         if rollout is None or chosen is not primary:
             return chosen
         if routes_to_candidate(ticket.branch_id, rollout.status, rollout.wave):
+            route = self.candidate_breaker.route(rollout.candidate_url)
+            if route is CanaryRoute.PRIMARY:
+                return ArmClient(self, primary, "primary", rollout)
             candidate = self.candidate_client(rollout.candidate_url)
-            return ArmClient(self, candidate, "candidate", rollout, rescue=primary)
+            probe = route is CanaryRoute.PROBE
+            return ArmClient(self, candidate, "candidate", rollout, rescue=primary, probe=probe)
         if rollout.active:
             return ArmClient(self, primary, "primary", rollout)
         return chosen

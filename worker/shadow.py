@@ -3,7 +3,9 @@
 The shadow call runs after the primary answered, on a small pool of its own, so it never takes a
 claim slot or delays a ticket; its answer is only compared and recorded, never written to the
 ticket, so no branch sees it. It asks vLLM for a priority below every real ticket's, and it is
-skipped (not queued) at orange or red, while the candidate is failing, and when the pool is busy.
+skipped (not queued) at orange or red, while the candidate is failing or its breaker diverts its
+traffic (worker/candidate_breaker.py), and when the pool is busy. Shadow calls count on the
+candidate's breaker like its canary calls.
 Sampling hashes the ticket id, so a ticket retried elsewhere is sampled alike by every worker.
 """
 
@@ -87,7 +89,7 @@ class ShadowRunner:
         self._busy = 0
         self._failures = 0
         self._unhealthy_until = 0.0
-        self.skipped: dict[str, int] = {"level": 0, "unhealthy": 0, "busy": 0}
+        self.skipped: dict[str, int] = {"level": 0, "unhealthy": 0, "breaker": 0, "busy": 0}
 
     def candidate_result(self, *, ok: bool) -> None:
         """Feed the candidate's health from every call to it (canary or shadow)."""
@@ -112,7 +114,7 @@ class ShadowRunner:
             or not sampled(ticket.id, rollout.shadow_fraction)
         ):
             return False
-        reason = self._refusal()
+        reason = self._refusal(rollout)
         with self._lock:
             if reason is None and self._busy >= self.policy.shadow_concurrency:
                 reason = "busy"
@@ -124,9 +126,11 @@ class ShadowRunner:
         self.pool.submit(self._run, rollout, ticket, primary, max_tokens)
         return True
 
-    def _refusal(self) -> str | None:
+    def _refusal(self, rollout: RolloutState) -> str | None:
         if self.router.view().level >= AlarmLevel.ORANGE:
             return "level"
+        if not self.router.candidate_breaker.allows_shadow(rollout.candidate_url):
+            return "breaker"  # shared by every worker, so it outranks this worker's own backoff
         if not self.candidate_healthy():
             return "unhealthy"
         return None
@@ -165,9 +169,11 @@ class ShadowRunner:
             answer = client.run(shadow_ticket, max_tokens=max_tokens, handle=RequestHandle())
         except VllmError as error:
             self.candidate_result(ok=not error.transient)
+            self.router.candidate_breaker.record(client, not error.transient)
             record.update(candidate={"error": f"{error.kind.value}: {error.message}"}, similarity=None)
             return record
         self.candidate_result(ok=True)
+        self.router.candidate_breaker.record(client, True)
         similarity = difflib.SequenceMatcher(None, primary.text, answer.text).ratio()
         record.update(candidate=answer_figures(answer), similarity=round(similarity, 4))
         return record

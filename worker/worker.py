@@ -39,6 +39,7 @@ from worker.housekeeping import Housekeeping
 from worker.inflight import AbortReason, InFlight, RunningTicket
 from worker.latency_guard import LatencyGuard
 from worker.leases import LeaseKeeper
+from worker.queue_set import Queues, QueueSet, RegistrySet
 from worker.registry import WorkerRegistry
 from worker.result_writer import ResultWriter
 from worker.rollout_routing import RolloutRouter
@@ -88,6 +89,16 @@ class Worker:
         self.config = config
         self.policy = policy
         self.queue = TicketQueue(redis, policy, config.queue_name, replica_acks=config.replica_acks)
+        """The first queue served: its keys hold this worker's breakers and rollout."""
+        self.queues: Queues = self.queue
+        if len(config.queue_names) > 1:
+            self.queues = QueueSet(
+                [self.queue]
+                + [
+                    TicketQueue(redis, policy, n, replica_acks=config.replica_acks)
+                    for n in config.queue_names[1:]
+                ]
+            )
         self.stop_requested = threading.Event()
         self.inflight = InFlight()
         self.sizer = _sizer(config, policy)
@@ -100,8 +111,10 @@ class Worker:
         self.breakers = BreakerGate(
             BreakerStore(redis, self.queue.keys, policy.breaker), policy, self.primary, self.fallbacks
         )
-        self.writer = ResultWriter(self.queue, config.worker_id)
-        self.rollout = RolloutRouter(redis, self.queue.keys, policy, pool_size=config.max_batch)
+        self.writer = ResultWriter(self.queues, config.worker_id)
+        self.rollout = RolloutRouter(
+            redis, self.queue.keys, policy, pool_size=config.max_batch, breakers=self.breakers
+        )
         headroom = CriticalHeadroom(share=config.critical_headroom)
         self.latency_guard = _latency_guard(config, policy, headroom)
         self.executor = Executor(
@@ -118,15 +131,19 @@ class Worker:
         )
         self.pool = ThreadPoolExecutor(max_workers=config.max_batch, thread_name_prefix="ticket")
         self.claim_loop = self._claim_loop(headroom)
-        self.leases = LeaseKeeper(self.queue, self.inflight, config.lease_seconds)
-        self.registry = WorkerRegistry(redis, self.queue.keys, config.worker_id, config.heartbeat_seconds)
+        self.leases = LeaseKeeper(self.queues, self.inflight, config.lease_seconds)
+        self.registry: WorkerRegistry | RegistrySet = (
+            RegistrySet(redis, self.queues, config.worker_id, config.heartbeat_seconds)
+            if isinstance(self.queues, QueueSet)
+            else WorkerRegistry(redis, self.queue.keys, config.worker_id, config.heartbeat_seconds)
+        )
         self.housekeeping = self._housekeeping(gpu_provider)
         self.started_at = clock.now()
         self.draining = False
 
     def _claim_loop(self, headroom: CriticalHeadroom) -> ClaimLoop:
         return ClaimLoop(
-            queue=self.queue,
+            queue=self.queues,
             worker_id=self.config.worker_id,
             gpu=self.config.gpu,
             sizer=self.sizer,
@@ -145,7 +162,7 @@ class Worker:
 
     def _housekeeping(self, gpu_provider: GpuMemoryProvider | None) -> Housekeeping:
         return Housekeeping(
-            queue=self.queue,
+            queue=self.queues,
             worker_id=self.config.worker_id,
             gpu_index=self.config.gpu,
             sizer=self.sizer,
@@ -233,7 +250,7 @@ class Worker:
         except Exception as exc:  # Redis gone: the heartbeat TTL removes us anyway
             log.warning("could not leave the registry (%s); the heartbeat TTL will", exc)
         self.rollout.close()
-        self.queue.close()
+        self.queues.close()
         self.primary.close()
         for fallback in self.fallbacks:
             fallback.close()

@@ -47,10 +47,11 @@ ACTIONS: dict[AlarmLevel, ActionSpec] = {
 }
 
 
-def _connection() -> Redis:
+def queue_connection() -> Redis:
+    """The queue's Redis as seen from an rq job (on a Cluster not rq's own)."""
     job = get_current_job()
     if job is None:
-        raise RuntimeError("alarm actions run as rq jobs; enqueue them with ops.monitor.dispatch")
+        raise RuntimeError("the monitor's actions run as rq jobs; enqueue them with ops.monitor.dispatch")
     settings = Settings()
     # On a Cluster rq's jobs live on a Redis of their own; the queue is reached through the settings.
     return connect_from(settings) if settings.redis_cluster else job.connection
@@ -77,7 +78,7 @@ def _call_hook(
 
 
 def _run(queue_name: str, spec: ActionSpec, undo: bool, desired_workers: int, hooks: dict[str, Any]) -> str:
-    conn = _connection()
+    conn = queue_connection()
     keys = QueueKeys(queue_name)
     policy = HooksPolicy.model_validate(hooks)
     current = _published_level(conn, keys)
@@ -127,7 +128,7 @@ FORWARD_JOBS = {AlarmLevel.YELLOW: scale_out, AlarmLevel.ORANGE: degrade, AlarmL
 
 def page_breaker(queue_name: str, endpoint: str, deep_since: float, hooks: dict[str, Any]) -> str:
     """Deep breaker level: page a human through the notify hook, once per episode."""
-    conn = _connection()
+    conn = queue_connection()
     keys = QueueKeys(queue_name)
     policy = HooksPolicy.model_validate(hooks)
     payload: dict[str, str | int | float] = {

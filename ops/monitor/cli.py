@@ -14,7 +14,14 @@ from ops.monitor.dispatch import ACTIONS_QUEUE, CALLBACKS_QUEUE, JobOptions, rq_
 from ops.monitor.loop import Monitor, MonitorConfig, TickResult
 from ops.monitor.rq_worker import start_worker_process, stop_worker_process, work
 from ops.monitor.scaling import ScalingConfig
-from shared.cli_support import EXIT_BAD_INPUT, fail, load_settings, print_json, redis_failure
+from shared.cli_support import (
+    EXIT_BAD_INPUT,
+    fail,
+    load_settings,
+    parse_queue_names,
+    print_json,
+    redis_failure,
+)
 from shared.logs import configure_logging
 from shared.metrics import build_registry, serve
 from shared.redis_conn import RedisUnavailable, connect_from, resolve_redis_url
@@ -50,7 +57,9 @@ def _log_changes(result: TickResult, previous: list[bool]) -> None:
 
 @app.command()
 def monitor(
-    queue: str | None = typer.Option(None, "--queue", help="queue name (TIDEGATE_QUEUE_NAME)"),
+    queue: list[str] | None = typer.Option(
+        None, "--queue", help="queue name (TIDEGATE_QUEUE_NAME); repeat it, or a comma list, to watch several"
+    ),
     interval: float = typer.Option(1.0, "--interval", min=0.05, help="seconds between samples"),
     metrics_port: int = typer.Option(9108, "--metrics-port", min=0, max=65535, help="/metrics port; 0 = off"),
     lock_ttl: float = typer.Option(
@@ -70,8 +79,14 @@ def monitor(
     once: bool = typer.Option(False, "--once", help="take one sample, act if no other monitor does, exit"),
     as_json: bool = typer.Option(False, "--json", help="with --once: print the sample as one JSON document"),
 ) -> None:
-    """Sample depth every interval; the monitor holding the lock publishes alarms and acts."""
-    settings = load_settings(queue_name=queue)
+    """Sample depth every interval; the monitor holding the lock publishes alarms and acts.
+
+    With several queues, each is watched by its own monitor (its own lock, alarms and actions) on a
+    thread of this process, and /metrics reports every queue.
+    """
+    names = parse_queue_names(queue)
+    settings = load_settings(queue_name=names[0] if names else None)
+    names = names or (settings.queue_name,)
     if lock_ttl <= interval:
         fail(f"--lock-ttl {lock_ttl} must exceed --interval {interval}, or the lock lapses", EXIT_BAD_INPUT)
     configure_logging("info")
@@ -98,23 +113,14 @@ def monitor(
         scaling=ScalingConfig(target_drain_seconds=target_drain_seconds, max_workers=max_workers),
         jobs=jobs,
     )
-    runner = Monitor(client, rq_conn, settings.policy, settings.queue_name, config)
+    runners = [Monitor(client, rq_conn, settings.policy, name, config) for name in names]
     queues = [jobs.actions_queue, jobs.callbacks_queue]
     if once:
-        result = runner.tick()
-        runner.close()
-        if rq_worker:
-            work(url or "", queues, burst=True)
-        if as_json:
-            print_json({"monitor": runner.monitor_id, "queue": settings.queue_name, **result.to_dict()})
-        else:
-            typer.echo(_summary(result))
-        if result.error:
-            raise typer.Exit(1)
+        _once(runners, url if rq_worker else None, queues, as_json)
         return
     if metrics_port:
         try:
-            serve(build_registry(client, settings.policy, settings.queue_name), metrics_port)
+            serve(build_registry(client, settings.policy, names), metrics_port)
         except OSError as exc:
             fail(f"cannot serve metrics on --metrics-port {metrics_port}: {exc.strerror}")
     worker = start_worker_process(url or "", queues) if rq_worker else None
@@ -125,11 +131,51 @@ def monitor(
 
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
-    log.info("monitor %s watching queue %s every %.2f s", runner.monitor_id, settings.queue_name, interval)
-    acting = [False]
     try:
-        runner.run(stop, on_tick=lambda result: _log_changes(result, acting))
+        _run_all(runners, stop, interval)
     finally:
         if worker is not None:
             stop_worker_process(worker)
-    log.info("monitor %s stopped", runner.monitor_id)
+
+
+def _once(runners: list[Monitor], rq_url: str | None, rq_queues: list[str], as_json: bool) -> None:
+    """One sample of each queue (and, with an rq worker, its jobs); exit 1 when any failed."""
+    results = [(runner, runner.tick()) for runner in runners]
+    for runner in runners:
+        runner.close()
+    if rq_url is not None:
+        work(rq_url, rq_queues, burst=True)
+    docs = [{"monitor": r.monitor_id, "queue": r.queue_name, **result.to_dict()} for r, result in results]
+    if as_json:
+        print_json(docs[0] if len(docs) == 1 else {"queues": docs})
+    else:
+        for runner, result in results:
+            prefix = f"{runner.queue_name}: " if len(runners) > 1 else ""
+            typer.echo(prefix + _summary(result))
+    if any(result.error for _, result in results):
+        raise typer.Exit(1)
+
+
+def _run_all(runners: list[Monitor], stop: threading.Event, interval: float) -> None:
+    """Each queue's monitor on a thread of its own until `stop`; each gives its lock up on the way out."""
+    threads = []
+    for runner in runners:
+        acting = [False]
+        log.info("monitor %s watching queue %s every %.2f s", runner.monitor_id, runner.queue_name, interval)
+        thread = threading.Thread(
+            target=runner.run,
+            args=(stop, lambda result, acting=acting: _log_changes(result, acting)),
+            name=f"monitor-{runner.queue_name}",
+            daemon=True,
+        )
+        thread.start()
+        threads.append(thread)
+    dead: list[str] = []
+    while not dead and not stop.wait(0.5):
+        dead = [r.queue_name for r, t in zip(runners, threads, strict=True) if not t.is_alive()]
+    stop.set()
+    for runner, thread in zip(runners, threads, strict=True):
+        thread.join(timeout=interval + 10)
+        log.info("monitor %s stopped", runner.monitor_id)
+    if dead:  # a crash in one queue's loop (logged with its traceback) stops the process, as with one queue
+        fail(f"the monitor of queue {dead[0]} stopped unexpectedly; see the log above")

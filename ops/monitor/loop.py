@@ -136,7 +136,7 @@ class Monitor:
         self.tracker: AlarmTracker | None = None
         """The alarm state while acting; rebuilt from what Redis holds on taking over."""
         self.memory_guard = MemoryGuard(policy.memory)
-        self.rollout = RolloutController(rq_conn, policy, self.keys, self.config.jobs)
+        self.rollout = RolloutController(client, rq_conn, policy, self.keys, self.config.jobs)
 
     @property
     def queue_name(self) -> str:

@@ -24,7 +24,7 @@ import typer
 from shared.cli_support import EXIT_BAD_INPUT, fail, load_settings, print_json, redis_failure
 from shared.config import Settings
 from shared.keys import QueueKeys
-from shared.redis_conn import RedisUnavailable, connect
+from shared.redis_conn import RedisUnavailable, connect_from
 from shared.rollout import RolloutState
 from shared.rollout_report import rollout_report, rollout_summary
 from shared.rollout_store import RolloutError, RolloutStore
@@ -91,7 +91,7 @@ def _check_version(url: str, version: str, verify: bool) -> None:
 
 
 def _store(settings: Settings) -> RolloutStore:
-    return RolloutStore(connect(settings.redis_url), QueueKeys(settings.queue_name))
+    return RolloutStore(connect_from(settings), QueueKeys(settings.queue_name))
 
 
 def _line(state: RolloutState) -> str:
@@ -184,7 +184,7 @@ def rollback_command(
 def _read(queue: str | None, reader: Any) -> tuple[Settings, Any]:
     settings = load_settings(queue_name=queue)
     try:
-        doc = reader(connect(settings.redis_url), QueueKeys(settings.queue_name))
+        doc = reader(connect_from(settings), QueueKeys(settings.queue_name))
     except (RedisUnavailable, redis.RedisError) as exc:
         redis_failure(exc)
     if doc is None:

@@ -7,8 +7,11 @@ evidence would roll the candidate out blind. A control short of samples (late wa
 branches are on the candidate) is taken as error-free and shed-free, which only makes the
 comparison stricter, and its TTFT is not compared.
 
-A rollback and its notify-hook job are written in one transaction, so a rollback is never left
-unannounced and a notification never announces one that did not happen.
+On one Redis a rollback and its notify-hook job are written in one transaction, so a rollback is
+never left unannounced and a notification never announces one that did not happen. On a Cluster rq
+lives on a Redis of its own (it cannot run on a Cluster), so the transaction holds the queue's keys
+alone (one slot) and the job follows it, as the alarm actions do: a monitor that dies in between
+leaves the rollback done and its event recorded, only the hook uncalled.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from ops.monitor.dispatch import FAILED_JOB_TTL, JOB_TIMEOUT_MARGIN, RESULT_TTL,
 from ops.monitor.rollout_notify import notify_rollback
 from shared.keys import QueueKeys
 from shared.policy import Policy, RolloutPolicy
+from shared.redis_conn import is_cluster
 from shared.rollout import RolloutState, RolloutStatus
 from shared.rollout_stats import ArmStats, read_wave_stats
 from shared.rollout_store import RolloutError, RolloutStore
@@ -86,12 +90,16 @@ def judge(candidate: ArmStats, control: ArmStats, policy: RolloutPolicy) -> Verd
 class RolloutController:
     """Steps one queue's rollout from the acting monitor's loop."""
 
-    def __init__(self, rq_conn: Redis, policy: Policy, keys: QueueKeys, jobs: JobOptions) -> None:
-        self.redis = rq_conn
+    def __init__(
+        self, client: Redis, rq_conn: Redis, policy: Policy, keys: QueueKeys, jobs: JobOptions
+    ) -> None:
+        self.redis = client
         self.policy = policy
         self.keys = keys
-        self.store = RolloutStore(rq_conn, keys)
+        self.store = RolloutStore(client, keys)
         self.actions_queue = Queue(jobs.actions_queue, connection=rq_conn)
+        self.rq_apart = is_cluster(client)
+        """rq's jobs live on a Redis of their own (the queue's is a Cluster, where rq cannot run)."""
         self.held_wave: tuple[str, int] | None = None
         """The wave last recorded as held for samples, so the hold is one event, not one per sample."""
 
@@ -135,9 +143,11 @@ class RolloutController:
             MONITOR_ACTOR,
             f"wave {state.wave}: {verdict.reason}",
             expected_wave=state.wave,
-            also=enqueue_notify,
+            also=None if self.rq_apart else enqueue_notify,
             figures=verdict.figures,
         )
+        if self.rq_apart:
+            self.actions_queue.enqueue_many([job])
         log.warning("rollout %s rolled back in wave %d: %s", state.id, state.wave, verdict.reason)
         return new
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rq import get_current_job
-
+from ops.monitor.actions import queue_connection
 from ops.monitor.hooks import HookFailed, run_hook
 from shared.control import append_event
 from shared.keys import QueueKeys
@@ -14,9 +13,7 @@ from shared.policy import HooksPolicy
 
 def notify_rollback(queue_name: str, payload: dict[str, str | int | float], hooks: dict[str, Any]) -> str:
     """Call the notify hook with the rollback's figures and record the outcome; raising lets rq retry."""
-    job = get_current_job()
-    if job is None:
-        raise RuntimeError("notify_rollback runs as an rq job; the monitor enqueues it with the rollback")
+    conn = queue_connection()
     policy = HooksPolicy.model_validate(hooks)
     keys = QueueKeys(queue_name)
     if not policy.notify_hook:
@@ -30,7 +27,7 @@ def notify_rollback(queue_name: str, payload: dict[str, str | int | float], hook
                 policy.timeout_seconds,
             )
         except HookFailed as exc:
-            append_event(job.connection, keys, "rollout", step="notify", state="failed", detail=str(exc))
+            append_event(conn, keys, "rollout", step="notify", state="failed", detail=str(exc))
             raise
-    append_event(job.connection, keys, "rollout", step="notify", state="done", detail=detail)
+    append_event(conn, keys, "rollout", step="notify", state="done", detail=detail)
     return detail

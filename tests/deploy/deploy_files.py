@@ -108,6 +108,37 @@ _KEYWORDS = frozenset(
 _NUMBER_WORDS = frozenset({"inf", "nan"})
 
 
+REDIS_STATE = frozenset(
+    {
+        "tidegate_redis_up",
+        "tidegate_queue_depth",
+        "tidegate_oldest_wait_seconds",
+        "tidegate_queue_depth_all_types",
+        "tidegate_inflight",
+        "tidegate_alarm_level",
+        "tidegate_mode",
+        "tidegate_desired_workers",
+        "tidegate_drain_rate",
+        "tidegate_memory_guard",
+        "tidegate_redis_memory_used_bytes",
+        "tidegate_redis_memory_budget_bytes",
+        "tidegate_tickets_total",
+        "tidegate_tickets_submitted_total",
+        "tidegate_workers_alive",
+        "tidegate_batch_limit",
+        "tidegate_gpu_free_bytes",
+        "tidegate_gpu_total_bytes",
+        "tidegate_kv_cache_usage_ratio",
+        "tidegate_worker_inflight",
+        "tidegate_breaker_level",
+        "tidegate_fallback_version_mismatch",
+        "tidegate_rollout_wave",
+        "tidegate_rollout_calls_total",
+    }
+)
+"""Series read from Redis at scrape time, each carrying its `queue` label (test_metrics_contract checks it)."""
+
+
 def metric_names(expr: str) -> set[str]:
     """The metric names a PromQL expression reads (functions, keywords, labels and strings removed)."""
     text = _STRING.sub(" ", expr)

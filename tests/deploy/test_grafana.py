@@ -9,6 +9,7 @@ from typing import Any
 
 from tests.deploy.deploy_files import (
     GRAFANA_DIR,
+    REDIS_STATE,
     compose_services,
     load_yaml,
     metric_names,
@@ -148,6 +149,16 @@ def test_provider_reads_the_mounted_dashboards() -> None:
 
 def test_rollout_panels_show_the_wave_and_each_arms_calls() -> None:
     (wave,) = panel_reading("tidegate_rollout_wave")
-    assert any("by (version, status)" in expr for expr in exprs(wave))
+    assert any("by (queue, version, status)" in expr for expr in exprs(wave))
     (calls,) = panel_reading("tidegate_rollout_calls_total")
-    assert any("by (arm, outcome)" in expr and "rate(" in expr for expr in exprs(calls))
+    assert any("by (queue, arm, outcome)" in expr and "rate(" in expr for expr in exprs(calls))
+
+
+def test_every_figure_read_from_redis_follows_the_queue_variable() -> None:
+    variables = {v["name"]: v for v in dashboard()["templating"]["list"]}
+    assert variables["queue"]["definition"] == "label_values(tidegate_queue_depth_all_types, queue)"
+    assert variables["queue"]["includeAll"] and variables["queue"]["multi"]
+    for panel in panels():
+        for expr in exprs(panel):
+            if metric_names(expr) & REDIS_STATE:
+                assert 'queue=~"$queue"' in expr, f"{panel['title']!r}: {expr} ignores the queue variable"

@@ -91,7 +91,9 @@ def test_depth_thresholds_follow_the_policy() -> None:
     found = rules()
     for level, threshold in policy_thresholds().items():
         expr = found[f"TidegateQueueDepth{level.capitalize()}"]["expr"]
-        assert re.fullmatch(rf"max\(tidegate_queue_depth_all_types\) > {threshold}", expr.strip()), expr
+        assert re.fullmatch(
+            rf"max by \(queue\) \(tidegate_queue_depth_all_types\) > {threshold}", expr.strip()
+        ), expr
         assert found[f"TidegateQueueDepth{level.capitalize()}"]["labels"]["alarm"] == level
 
 
@@ -129,7 +131,8 @@ def test_rule_unit_tests_catch_a_changed_threshold(tmp_path: Path) -> None:
     tests_dir.mkdir(parents=True)
     yellow = policy_thresholds()["yellow"]
     text = RULES.read_text().replace(
-        f"max(tidegate_queue_depth_all_types) > {yellow}", "max(tidegate_queue_depth_all_types) > 5"
+        f"max by (queue) (tidegate_queue_depth_all_types) > {yellow}",
+        "max by (queue) (tidegate_queue_depth_all_types) > 5",
     )
     (rules_dir / "alerts.yml").write_text(text)
     shutil.copy(ALERT_TESTS, tests_dir / ALERT_TESTS.name)

@@ -75,7 +75,7 @@ def test_monitor_metrics_pass_promtool(redis_client: Redis, busy_queue: Producer
     assert {"tidegate_queue_depth_all_types", "tidegate_tickets", "tidegate_tickets_submitted"} <= families(
         body
     )
-    assert 'tidegate_kv_cache_usage_ratio{gpu="0",worker="node-a-gpu0"} 0.5' in body
+    assert f'tidegate_kv_cache_usage_ratio{{gpu="0",queue="{queue_name}",worker="node-a-gpu0"}} 0.5' in body
 
 
 def test_worker_metrics_pass_promtool(busy_queue: Producer) -> None:

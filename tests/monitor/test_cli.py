@@ -3,16 +3,25 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
+import requests
+from prometheus_client.parser import text_string_to_metric_families
 from redis import Redis
 from rq.job import Job
 
+from ops.lab.procs.ports import free_port
 from producer.producer import Producer
 from shared.keys import QueueKeys
 from shared.queue import TicketQueue
 from tests.conftest import RunCli as Run
 from tests.monitor.support import RqQueues, fill
+from tests.redis_cluster import suite_env
 
 
 def test_mode_set_and_show_are_recorded_and_enforced(
@@ -84,3 +93,71 @@ def test_monitor_once_publishes_and_status_shows_level_mode_and_transitions(
 def test_monitor_rejects_a_lock_ttl_shorter_than_the_interval(run_cli: Run) -> None:
     out = run_cli("monitor", "--once", "--interval", "2", "--lock-ttl", "1")
     assert out.returncode == 2 and "--lock-ttl" in out.stderr
+
+
+def test_monitor_and_status_show_each_queue_they_are_given(
+    run_cli: Run,
+    ticket_queue: TicketQueue,
+    rq_queues: RqQueues,
+    queue_name: str,
+    second_queue: str,
+    redis_client: Redis,
+) -> None:
+    fill(ticket_queue, 35)
+    fill(TicketQueue(redis_client, ticket_queue.policy, second_queue), 3)
+    jobs = (
+        "--actions-queue",
+        rq_queues.jobs.actions_queue,
+        "--callbacks-queue",
+        rq_queues.jobs.callbacks_queue,
+    )
+    once = run_cli("monitor", "--once", "--json", "--queue", f"{queue_name},{second_queue}", *jobs)
+    assert once.returncode == 0, once.stderr
+    sampled = [(d["queue"], d["acting"], d["level"], d["depth"]) for d in json.loads(once.stdout)["queues"]]
+    assert sampled == [(queue_name, True, "yellow", 35), (second_queue, True, "green", 3)]
+
+    shown = run_cli("status", "--json", "--queue", queue_name, "--queue", second_queue)
+    assert shown.returncode == 0, shown.stderr
+    docs = json.loads(shown.stdout)["queues"]
+    assert [(d["queue"], d["level"], d["depth"]) for d in docs] == [
+        (queue_name, "yellow", 35),
+        (second_queue, "green", 3),
+    ]
+    assert json.loads(run_cli("status", "--json").stdout)["queue"] == queue_name, (
+        "one queue: its document alone"
+    )
+    human = run_cli("status", "--queue", f"{queue_name},{second_queue}").stdout
+    assert queue_name in human and second_queue in human and "yellow" in human
+    bad = run_cli("status", "--queue", "no way")
+    assert bad.returncode == 2 and "--queue: 'no way'" in bad.stderr
+
+
+def test_one_monitor_process_watches_several_queues_and_serves_their_metrics(
+    redis_url: str, redis_client: Redis, ticket_queue: TicketQueue, queue_name: str, second_queue: str
+) -> None:
+    fill(ticket_queue, 35)
+    port = free_port()
+    args = ["monitor", "--queue", queue_name, "--queue", second_queue, "--interval", "0.2", "--lock-ttl", "2"]
+    monitor = subprocess.Popen(
+        [sys.executable, "-c", "from tidegate.cli import main; main()", *args, "--metrics-port", str(port)],
+        env={**os.environ, **suite_env(redis_url)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    keys = [QueueKeys(queue_name), QueueKeys(second_queue)]
+    try:
+        deadline = time.monotonic() + 30
+        while not all(redis_client.hget(k.alarm, "level") for k in keys):
+            assert monitor.poll() is None and time.monotonic() < deadline, "both queues' alarms published"
+            time.sleep(0.1)
+        assert [redis_client.hget(k.alarm, "level") for k in keys] == ["yellow", "green"]
+        body = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+        families = {f.name: f for f in text_string_to_metric_families(body)}
+        depth = {s.labels["queue"]: s.value for s in families["tidegate_queue_depth_all_types"].samples}
+        assert depth == {queue_name: 35, second_queue: 0}
+    finally:
+        monitor.send_signal(signal.SIGTERM)
+        _, stderr = monitor.communicate(timeout=30)
+    assert monitor.returncode == 0, stderr
+    assert not any(redis_client.exists(k.monitor_lock) for k in keys), "each queue's lock was given up"

@@ -15,7 +15,7 @@ from ops.monitor.loop import Monitor, MonitorConfig
 from ops.monitor.memory_guard import MemoryGuard, MemoryReading
 from producer.api.app import create_app
 from producer.api.keys import ApiKeyStore, Role
-from producer.cli import status_document
+from producer.cli import status_documents
 from producer.producer import Producer
 from shared.config import Settings
 from shared.control import Mode, read_events, set_mode
@@ -160,7 +160,7 @@ def test_above_high_water_non_critical_intake_is_shed_and_loans_still_admitted(
     assert "memory is nearly full" in shed.reason
     assert producer.submit({**complaint, "type": "loan_approval", "prompt": "approve?"}).outcome == "queued"
     assert [e["state"] for e in read_events(client, keys, 10) if e["kind"] == "memory_guard"] == ["on"]
-    shown = status_document(Settings(redis_url=small_redis, queue_name="guarded"))
+    (shown,) = status_documents(Settings(redis_url=small_redis, queue_name="guarded"), ("guarded",))
     assert shown["memory_guard"] is True and shown["redis_memory_budget"] == budget
     assert 0.8 * budget <= shown["redis_used_memory"]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import requests
+from prometheus_client.parser import text_string_to_metric_families
 from redis import Redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
@@ -10,6 +11,7 @@ from redis.retry import Retry
 from shared.control import Mode, set_mode
 from shared.metrics import QUEUE_WAIT_SECONDS, build_registry, render, serve
 from shared.policy import Policy
+from shared.queue import TicketQueue
 from tests.monitor.conftest import MonitorFactory
 from tests.monitor.support import FakeClock, fill
 
@@ -39,7 +41,10 @@ def test_collector_reports_queue_alarm_mode_outcomes_and_workers(
     monitor.tick()
 
     registry = build_registry(redis_client, policy, queue_name, include_process=False)
-    value = registry.get_sample_value
+
+    def value(name: str, labels: dict[str, str] | None = None) -> float | None:
+        return registry.get_sample_value(name, {"queue": queue_name, **(labels or {})})
+
     assert value("tidegate_redis_up") == 1
     assert value("tidegate_queue_depth", {"type": "complaint"}) == 39
     assert value("tidegate_queue_depth", {"type": "archive_query"}) == 15
@@ -67,8 +72,8 @@ def test_collector_reports_queue_alarm_mode_outcomes_and_workers(
 def test_collector_survives_an_unreachable_redis(policy: Policy) -> None:
     dead = Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0))
     registry = build_registry(dead, policy, "nowhere", include_process=False)
-    assert registry.get_sample_value("tidegate_redis_up") == 0
-    assert registry.get_sample_value("tidegate_queue_depth_all_types") is None
+    assert registry.get_sample_value("tidegate_redis_up", {"queue": "nowhere"}) == 0
+    assert registry.get_sample_value("tidegate_queue_depth_all_types", {"queue": "nowhere"}) is None
 
 
 def test_metrics_endpoint_serves_redis_state_and_process_histograms(
@@ -83,7 +88,24 @@ def test_metrics_endpoint_serves_redis_state_and_process_histograms(
         server.shutdown()
         server.server_close()
         thread.join(5)
-    assert "tidegate_queue_depth_all_types 0.0" in body
+    assert f'tidegate_queue_depth_all_types{{queue="{queue_name}"}} 0.0' in body
     assert 'tidegate_queue_wait_seconds_bucket{le="0.5",type="loan_approval"}' in body
     text, content_type = render(registry)
     assert content_type.startswith("text/plain") and b"tidegate_alarm_level" in text
+
+
+def test_one_registry_reports_each_queue_under_its_own_label(
+    redis_client: Redis, policy: Policy, queue_name: str, second_queue: str
+) -> None:
+    fill(TicketQueue(redis_client, policy, queue_name), 3, "complaint")
+    fill(TicketQueue(redis_client, policy, second_queue), 5, "complaint")
+    registry = build_registry(redis_client, policy, [queue_name, second_queue], include_process=False)
+    body = render(registry)[0].decode()
+    families = {f.name: f for f in text_string_to_metric_families(body)}
+    depth = {s.labels["queue"]: s.value for s in families["tidegate_queue_depth_all_types"].samples}
+    assert depth == {queue_name: 3, second_queue: 5}
+    assert {s.labels["queue"] for s in families["tidegate_redis_up"].samples} == {queue_name, second_queue}
+    assert body.count("# TYPE tidegate_queue_depth gauge") == 1, "one family per name, a series per queue"
+    for family in families.values():
+        if family.name.startswith("tidegate_") and family.name != "tidegate_build_info":
+            assert all("queue" in s.labels for s in family.samples), family.name

@@ -85,10 +85,10 @@ def test_the_report_compares_shadow_answers_and_the_metrics_show_the_rollout(
     def samples() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         text = generate_latest(registry).decode()
         return {
-            (s.name, tuple(sorted(s.labels.items()))): s.value
+            (s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "queue"))): s.value
             for family in text_string_to_metric_families(text)
             for s in family.samples
-            if s.name.startswith("tidegate_rollout")
+            if s.name.startswith("tidegate_rollout") and s.labels["queue"] == keys.queue
         }
 
     assert samples()[("tidegate_rollout_wave", (("status", "none"), ("version", "")))] == -1

@@ -99,6 +99,7 @@ def test_print_vllm_args_from_the_simulated_node(
         (["--gpu", "3", "--vllm-url", "http://a:1,http://b:1"], "--gpu 3 has no URL"),
         (["--block-seconds", "30"], "block_seconds=30.0 is not accepted"),
         (["--log-level", "loud"], "--log-level='loud' is not accepted"),
+        (["--queue", "gold", "--queue", "no way"], "--queue: 'no way' is not a queue name"),
     ],
 )
 def test_bad_input_exits_2_naming_the_flag(worker_env: dict[str, str], args: list[str], message: str) -> None:
@@ -203,3 +204,29 @@ def test_gpus_burst_drains_and_exits(
     tickets = all_ended(fast_queue, ids)
     assert tickets is not None and {t.status for t in tickets} == {TicketStatus.DONE}
     assert {t.usage["gpu"] for t in tickets if t.usage} <= {0, 1}
+
+
+def test_gpus_burst_drains_every_queue_it_serves(
+    simulator: Callable[..., SimulatorProcess],
+    worker_env: dict[str, str],
+    queue_name: str,
+    second_queue: str,
+    fast_queue: TicketQueue,
+    redis_client: Redis,
+) -> None:
+    sim = simulator(gpus=2)
+    later = TicketQueue(redis_client, fast_queue.policy, second_queue)
+    ids = {fast_queue: submit_many(producer_for(fast_queue), 4), later: submit_many(producer_for(later), 4)}
+    flags = ["--queue", queue_name, "--queue", second_queue, "--burst", "--block-seconds", "0.5"]
+    result = subprocess.run(
+        [sys.executable, "-m", "worker", "--gpus", "2", "--vllm-url", sim.base_url, *flags],
+        cwd=REPO,
+        env=worker_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    for queue, queue_ids in ids.items():
+        tickets = all_ended(queue, queue_ids)
+        assert tickets is not None and {t.status for t in tickets} == {TicketStatus.DONE}, queue.keys.queue

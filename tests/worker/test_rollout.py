@@ -53,10 +53,12 @@ def rollout_policy(fast_policy: Policy) -> Policy:
 
 
 @pytest.fixture
-def controller(redis_url: str, rollout_policy: Policy, queue_name: str) -> Iterator[RolloutController]:
-    rq_conn = Redis.from_url(redis_url, socket_timeout=10, socket_connect_timeout=5)
+def controller(
+    redis_client: Redis, rq_url: str, rollout_policy: Policy, queue_name: str
+) -> Iterator[RolloutController]:
+    rq_conn = Redis.from_url(rq_url, socket_timeout=10, socket_connect_timeout=5)
     jobs = JobOptions(actions_queue=f"actions-{queue_name}")
-    yield RolloutController(rq_conn, rollout_policy, QueueKeys(queue_name), jobs)
+    yield RolloutController(redis_client, rq_conn, rollout_policy, QueueKeys(queue_name), jobs)
     leftovers = list(rq_conn.scan_iter(match=f"rq:*{queue_name}*", count=1000))
     if leftovers:
         rq_conn.delete(*leftovers)
@@ -301,7 +303,7 @@ def test_shadow_traffic_reaches_the_candidate_at_its_fraction_stops_at_orange_an
     records = read_shadow(redis_client, keys, state.id)
     margin = 4 * math.sqrt(count * fraction * (1 - fraction))
     assert abs(len(records) - count * fraction) <= margin, f"{len(records)} shadows of {count} at {fraction}"
-    assert running.worker.rollout.shadow.skipped == {"level": 0, "unhealthy": 0, "busy": 0}
+    assert running.worker.rollout.shadow.skipped == {"level": 0, "unhealthy": 0, "breaker": 0, "busy": 0}
     assert sim_metric(candidate.base_url, "vllm:request_success_total") == len(records)
     assert {r["candidate"]["model"] for r in records} == {CANDIDATE_MODEL}
     assert all(0.0 <= r["similarity"] <= 1.0 and r["primary"]["ttft_seconds"] is not None for r in records)

@@ -213,8 +213,9 @@ def test_healthz_and_metrics_need_no_key(api: Api) -> None:
     assert requests.get(api.url("/healthz"), timeout=5).json() == {"status": "ok", "redis": "ok"}
     metrics = requests.get(api.url("/metrics"), timeout=5)
     assert metrics.status_code == 200
-    assert 'tidegate_queue_depth{type="complaint"} 0.0' in metrics.text
-    assert "tidegate_alarm_level 0.0" in metrics.text
+    queue = api.settings.queue_name
+    assert f'tidegate_queue_depth{{queue="{queue}",type="complaint"}} 0.0' in metrics.text
+    assert f'tidegate_alarm_level{{queue="{queue}"}} 0.0' in metrics.text
 
 
 def test_a_queued_ticket_past_its_ttl_reads_expired_with_no_sweeper_running(
