@@ -14,7 +14,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
 
-from producer.api import routes_ops, routes_tickets
+from producer.api import routes_ops, routes_tickets, ticket_stream
 from producer.api.auth import Authenticator
 from producer.api.body_size import BodySizeLimit
 from producer.api.context import ApiContext
@@ -95,6 +95,7 @@ def create_app(
     install_error_handlers(app)
     install_docs(app)
     app.include_router(routes_tickets.router)
+    app.include_router(ticket_stream.router)
     app.include_router(routes_ops.router)
     app.include_router(openai_routes.router)
     app.include_router(routes_ui.router)
