@@ -215,6 +215,8 @@ class Ticket(BaseModel):
     shed_code: str | None = None
     retry_after: float | None = None
     usage: dict[str, Any] | None = None
+    traceparent: str | None = None
+    """The submitting span's W3C trace context (shared/tracing.py), when tracing is on."""
 
     @property
     def cost_tokens(self) -> int:

@@ -14,7 +14,7 @@ from typing import Any, Literal, cast
 
 from redis import Redis
 
-from shared import clock
+from shared import clock, tracing
 from shared.keys import WAKE_LIST_CAP, QueueKeys
 from shared.models import Ticket, TicketRequest
 from shared.policy import Policy
@@ -95,11 +95,21 @@ class TicketQueue:
     ) -> list[EnqueueResult]:
         """Submit many tickets in one pipelined round trip; each is still atomic on its own."""
         opts = list(options) if options is not None else [EnqueueOptions()] * len(requests)
-        return on_slot_server(
-            self.redis,
-            self.keys.pending,
-            lambda server: self.submission.submit_many(server, requests, opts, self.replica_acks),
-        )
+        attributes: tracing.Attributes = {
+            "db.system": "redis",
+            "tidegate.queue": self.keys.queue,
+            "tidegate.tickets": len(requests),
+        }
+        with tracing.span("tidegate.enqueue", kind="producer", attributes=attributes) as span:
+            results = on_slot_server(
+                self.redis,
+                self.keys.pending,
+                lambda server: self.submission.submit_many(server, requests, opts, self.replica_acks),
+            )
+            if span is not None and len(results) == 1:
+                span.set_attribute("tidegate.ticket_id", results[0].ticket_id)
+                span.set_attribute("tidegate.outcome", results[0].outcome)
+        return results
 
     def cancel(self, ticket_id: str, reason: str = "cancelled by its branch") -> str:
         """Cancel; returns the status before ("queued"/"running" → now cancelled) or "missing"."""

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Literal
 
-from shared import clock
+from shared import clock, tracing
 from shared.ids import new_ticket_id
 from shared.keys import WAKE_LIST_CAP, QueueKeys
 from shared.models import Ticket, TicketRequest, TicketStatus
@@ -100,6 +100,7 @@ class Submission:
             created_at=created,
             expires_at=created + ttl,
             max_attempts=self.policy.queue.max_attempts,
+            traceparent=tracing.current_traceparent(),
         )
 
     def shed_words(self, code: ShedCode, ticket_type: str) -> str:

@@ -19,6 +19,7 @@ from shared.keys import QueueKeys
 from shared.logs import configure_logging, tag_process
 from shared.metrics import serve
 from shared.redis_conn import RedisUnavailable, connect_from
+from shared.tracing import configure_tracing
 from worker.config import WorkerConfig
 from worker.gpu_memory import GpuBackendError, GpuMemoryProvider, make_provider
 from worker.model_spec import ModelSpec, ModelSpecError, load_model_spec
@@ -116,6 +117,7 @@ def worker(
 ) -> None:
     """Run one GPU worker per GPU against vLLM: claim by priority, batch by free memory, write results."""
     _configure_logging(log_level)
+    configure_tracing("tidegate-worker")  # off unless the OTEL_* variables ask for it
     given_urls = _split_urls(vllm_url)
     queues = parse_queue_names(queue)
     settings = load_settings(

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import redis
 
+from shared import tracing
 from shared.logs import ticket_fields
 from shared.policy import Policy
 from worker import telemetry
@@ -82,8 +83,14 @@ class Executor:
             log.warning("breaker: could not count an outcome of %s (%s)", client.base_url, exc)
 
     def __call__(self, running: RunningTicket) -> None:
+        ticket = running.ticket
+        attributes = {**tracing.ticket_attributes(ticket), "tidegate.worker": self.worker_id}
         try:
-            self._run(running)
+            # A child of the submitting span (its context is stored on the ticket), whatever waited.
+            with tracing.span(
+                "tidegate.ticket", kind="consumer", parent=ticket.traceparent, attributes=attributes
+            ):
+                self._run(running)
         except Exception:
             # A bug or a Redis outage while recording: the lease is left to expire, so the reaper
             # returns the ticket (counting the attempt) rather than anything being lost.
@@ -114,9 +121,10 @@ class Executor:
         live = self._publisher(running)
         on_text = live.token if live is not None and running.ticket.live == "tokens" else None
         try:
-            completion = client.run(
-                running.ticket, max_tokens=max_tokens, handle=running.handle, on_text=on_text
-            )
+            with tracing.span("vllm.completion", kind="client", attributes={"server.url": client.base_url}):
+                completion = client.run(
+                    running.ticket, max_tokens=max_tokens, handle=running.handle, on_text=on_text
+                )
         except RequestAborted as aborted:
             outcome = self._after_abort(running, aborted.reason)
             if live is not None and outcome is not None:

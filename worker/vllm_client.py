@@ -25,7 +25,7 @@ from typing import Any
 import requests
 from requests.adapters import HTTPAdapter
 
-from shared import clock
+from shared import clock, tracing
 from shared.models import Ticket
 
 log = logging.getLogger(__name__)
@@ -318,11 +318,13 @@ class VllmClient:
         if remaining <= 0:
             raise VllmError(ErrorKind.TIMEOUT, f"ticket {ticket.id} expired before its request was sent")
         started = time.monotonic()
+        headers = {"X-Request-Id": ticket.id, "Accept": "text/event-stream"}
+        tracing.inject(headers)  # vLLM started with --otlp-traces-endpoint continues the trace
         try:
             response = self.session.post(
                 self.base_url + path,
                 json=body,
-                headers={"X-Request-Id": ticket.id, "Accept": "text/event-stream"},
+                headers=headers,
                 stream=True,
                 timeout=(min(self.connect_timeout, remaining), remaining),
             )

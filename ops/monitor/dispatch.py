@@ -26,6 +26,7 @@ from shared.redis_conn import (
     connection_retry,
     resolve_redis_url,
 )
+from shared.rq_logs import job_meta
 
 ACTIONS_QUEUE = "tidegate-actions"
 CALLBACKS_QUEUE = "tidegate-callbacks"
@@ -134,5 +135,6 @@ def callback_job(queue_name: str, ticket_id: str, options: JobOptions) -> Enqueu
         failure_ttl=FAILED_JOB_TTL,
         description=f"callback of ticket {ticket_id} (queue {queue_name})",
         job_id=safe_id(f"callback-{queue_name}-{ticket_id}"),
+        meta=job_meta(ticket_id, queue_name),  # its log lines carry the ticket's id
         retry=_retry(options.callback_retry_intervals),
     )

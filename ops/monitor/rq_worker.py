@@ -1,7 +1,7 @@
 """An rq worker for the action and callback queues, run beside the monitor (`--rq-worker`).
 
-Production runs `rq worker --with-scheduler tidegate-actions tidegate-callbacks` on its own; this
-starts the same thing in a child process for the demo and single-machine setups. A child process,
+Production runs `rq worker --with-scheduler --worker-class shared.rq_logs.JsonLogWorker
+tidegate-actions tidegate-callbacks` on its own; this starts the same thing in a child process for the demo and single-machine setups. A child process,
 not a thread, because rq's job timeouts use signals that only a main thread receives.
 """
 
@@ -16,9 +16,10 @@ import time
 from collections.abc import Sequence
 from multiprocessing.process import BaseProcess
 
-from rq import Queue, Worker
+from rq import Queue
 
 from ops.monitor.dispatch import rq_connection
+from shared.rq_logs import JsonLogWorker
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +39,7 @@ def work(
         threading.Thread(target=_stop_when_orphaned, args=(parent_pid,), daemon=True).start()
     conn = rq_connection(redis_url)
     queues = [Queue(name, connection=conn) for name in queue_names]
-    Worker(queues, connection=conn).work(burst=burst, with_scheduler=True, logging_level="WARNING")
+    JsonLogWorker(queues, connection=conn).work(burst=burst, with_scheduler=True, logging_level="WARNING")
 
 
 def start_worker_process(redis_url: str, queue_names: Sequence[str]) -> BaseProcess:

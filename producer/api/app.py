@@ -14,7 +14,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
 
-from producer.api import routes_ops, routes_tickets
+from producer.api import routes_ops, routes_tickets, ticket_stream
 from producer.api.auth import Authenticator
 from producer.api.body_size import BodySizeLimit
 from producer.api.context import ApiContext
@@ -25,8 +25,10 @@ from producer.api.keys import ApiKeyStore
 from producer.api.openai import routes as openai_routes
 from producer.api.openai.hub import READ_TIMEOUT_SECONDS, LiveHub
 from producer.api.openai.models import ModelCatalog
+from producer.api.tracing_middleware import TracingMiddleware
 from producer.api.ui import routes as routes_ui
 from producer.producer import Producer
+from shared import tracing
 from shared.config import Settings
 from shared.metrics import build_registry
 from shared.policy import Policy
@@ -95,12 +97,15 @@ def create_app(
     install_error_handlers(app)
     install_docs(app)
     app.include_router(routes_tickets.router)
+    app.include_router(ticket_stream.router)
     app.include_router(routes_ops.router)
     app.include_router(openai_routes.router)
     app.include_router(routes_ui.router)
     app.mount("/ui/static", routes_ui.static_files, name="ui-static")
     app.add_middleware(BodySizeLimit, max_bytes=settings.api_max_body_bytes)
     instrument(app, context.registry)
+    if tracing.enabled() or tracing.configure_tracing("tidegate-api"):
+        app.add_middleware(TracingMiddleware)
     _document_policy(app, settings.policy)
     return app
 

@@ -47,7 +47,7 @@ from shared.models import Ticket, TicketRequest, TicketStatus
 
 router = APIRouter(prefix="/v1", tags=["tickets"])
 
-_NOT_FOUND = "no such ticket for this key"
+NOT_FOUND = "no such ticket for this key"
 REPLAYED_HEADER = "Idempotent-Replayed"
 
 TicketId = Annotated[str, Path(pattern=TICKET_ID_PATTERN, description="id returned at submission")]
@@ -258,7 +258,7 @@ def _not_found(ticket_id: str) -> ApiError:
     )
 
 
-def _own_ticket(context: ApiContext, principal: Principal, ticket_id: str) -> Ticket:
+def own_ticket(context: ApiContext, principal: Principal, ticket_id: str) -> Ticket:
     ticket = context.producer.get(ticket_id)
     if ticket is None or not principal.may_see(ticket.branch_id):
         raise _not_found(ticket_id)
@@ -268,22 +268,22 @@ def _own_ticket(context: ApiContext, principal: Principal, ticket_id: str) -> Ti
 @router.get(
     "/tickets/{ticket_id}",
     response_model=TicketView,
-    responses=error_responses({401: UNAUTHORIZED, 404: _NOT_FOUND}),
+    responses=error_responses({401: UNAUTHORIZED, 404: NOT_FOUND}),
     summary="Read a ticket: status, result, error, timings",
 )
 def read_ticket(ticket_id: TicketId, context: Context, principal: Caller) -> TicketView:
-    return TicketView.from_ticket(_own_ticket(context, principal, ticket_id))
+    return TicketView.from_ticket(own_ticket(context, principal, ticket_id))
 
 
 @router.delete(
     "/tickets/{ticket_id}",
     response_model=CancelResult,
-    responses=error_responses({401: UNAUTHORIZED, 404: _NOT_FOUND}),
+    responses=error_responses({401: UNAUTHORIZED, 404: NOT_FOUND}),
     summary="Cancel a ticket; a running one has its inference aborted",
 )
 def cancel_ticket(ticket_id: TicketId, context: Context, principal: Caller) -> CancelResult:
     """Cancelling an ended ticket changes nothing and says so (`cancelled: false`), so retries are safe."""
-    ticket = _own_ticket(context, principal, ticket_id)
+    ticket = own_ticket(context, principal, ticket_id)
     previous = context.producer.cancel(ticket.id)
     if previous == "missing":  # its retention ran out between the read and the cancel
         raise _not_found(ticket_id)

@@ -9,8 +9,10 @@ from typing import Any
 import click
 import pytest
 from rq.cli.cli import main as rq_cli
+from rq.utils import import_attribute
 
 from ops.monitor.dispatch import ACTIONS_QUEUE, CALLBACKS_QUEUE
+from shared.rq_logs import JsonLogWorker
 from tests.deploy.deploy_files import (
     K8S_DIR,
     REQUIRED_ENV,
@@ -83,6 +85,8 @@ def test_rq_command_line_parses(where: str) -> None:
     context = command.make_context(name, list(args))
     assert context.params["queues"] == (ACTIONS_QUEUE, CALLBACKS_QUEUE)
     assert context.params["with_scheduler"] is True
+    # Its lines are JSON with each job's ticket id (tests/producer/api/test_callbacks.py runs it).
+    assert import_attribute(context.params["worker_class"]) is JsonLogWorker
     context.close()
 
 

@@ -28,8 +28,18 @@ def test_the_worker_extra_runs_the_worker_without_the_api_or_the_lab(tmp_path: P
     )
     assert shown.returncode == 0, shown.stderr
     assert "--vllm-url" in shown.stdout
-    for absent in ("fastapi", "uvicorn", "matplotlib", "fakeredis"):
+    for absent in ("fastapi", "uvicorn", "matplotlib", "fakeredis", "opentelemetry"):
         probe = subprocess.run([str(python), "-c", f"import {absent}"], capture_output=True, timeout=60)
         assert probe.returncode != 0, f"{absent} is installed on a worker node"
     present = subprocess.run([str(python), "-c", "import pynvml, redis, rq"], capture_output=True, timeout=60)
     assert present.returncode == 0, present.stderr
+    # Traces asked for without the `otel` extra: a warning naming the extra, and the node runs on.
+    traced = subprocess.run(
+        [str(python), "-c", "from shared.tracing import configure_tracing; print(configure_tracing('w'))"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318", "PATH": "/usr/bin:/bin"},
+    )
+    assert (traced.returncode, traced.stdout.strip()) == (0, "False"), traced.stderr
+    assert "tidegate[otel]" in traced.stderr

@@ -3,7 +3,8 @@
 Both build the same calls (`_Calls`) and retry them by the same rules (`retry.Retrier`): 429, 5xx
 and connection errors are retried with full-jitter backoff, or exactly the server's Retry-After,
 within one deadline per call. Every submission carries an Idempotency-Key, generated when the
-caller gives none, so a retry after a lost response can never queue a ticket twice.
+caller gives none, so a retry after a lost response can never queue a ticket twice. Streams are
+retried the same way until their answer starts; after that a failure ends the stream.
 """
 
 from __future__ import annotations
@@ -12,15 +13,34 @@ import asyncio
 import random
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 import httpx
 
-from tidegate_client.errors import WaitTimeout
-from tidegate_client.models import BatchResult, CancelResult, QueuesView, TicketAccepted, TicketView
+from tidegate_client.errors import ConnectionFailed, StreamTimeout, WaitTimeout
+from tidegate_client.models import (
+    BatchResult,
+    CancelResult,
+    CompletionChunk,
+    QueuesView,
+    TicketAccepted,
+    TicketEnd,
+    TicketEvent,
+    TicketView,
+)
 from tidegate_client.retry import Retrier, RetryEvent, RetryPolicy
+from tidegate_client.sse import ServerEvent, SseDecoder
+from tidegate_client.streams import (
+    CHAT_PATH,
+    COMPLETIONS_PATH,
+    DEFAULT_STREAM_TIMEOUT_S,
+    TICKET_HEADER,
+    chunk_item,
+    streamed_body,
+    ticket_item,
+)
 
 T = TypeVar("T")
 DEFAULT_TIMEOUT_S = 10.0
@@ -75,6 +95,43 @@ class _Calls:
     def queues() -> _Call[QueuesView]:
         return _Call("GET", "/v1/queues", QueuesView.from_json)
 
+    @staticmethod
+    def stream(ticket_id: str) -> _Call[None]:
+        return _Call("GET", f"/v1/tickets/{ticket_id}/stream", _nothing)
+
+    @staticmethod
+    def openai_stream(
+        path: str, body: Mapping[str, Any], include_usage: bool, headers: Mapping[str, str] | None
+    ) -> _Call[None]:
+        return _Call("POST", path, _nothing, streamed_body(body, include_usage), dict(headers or {}))
+
+
+def _nothing(_: Any) -> None:
+    return None
+
+
+class _Stream:
+    """One open stream's deadline and event decoding, for both clients."""
+
+    def __init__(self, call: _Call[Any], timeout: float) -> None:
+        self.url = call.path
+        self.timeout = timeout
+        self.deadline = time.monotonic() + timeout
+        self.decoder = SseDecoder()
+
+    def feed(self, line: str) -> ServerEvent | None:
+        if time.monotonic() > self.deadline:
+            raise self.timed_out()
+        return self.decoder.feed(line)
+
+    def timed_out(self) -> StreamTimeout:
+        return StreamTimeout(f"{self.url}: the stream had not ended within {self.timeout:g} s")
+
+    def failed(self, error: httpx.TransportError) -> ConnectionFailed | StreamTimeout:
+        if isinstance(error, httpx.TimeoutException):
+            return self.timed_out()
+        return ConnectionFailed(f"{self.url}: the stream broke off ({type(error).__name__}: {error})")
+
 
 class _Base:
     def __init__(
@@ -100,6 +157,16 @@ class _Base:
 
     def _retrier(self, call: _Call[Any]) -> Retrier:
         return Retrier(self.retry, self.rng, call.method, self.base_url + call.path, self.on_retry)
+
+    def _request(
+        self, http: httpx.Client | httpx.AsyncClient, call: _Call[Any], timeout: float | None
+    ) -> httpx.Request:
+        """`call` as a request; a stream waits up to its whole `timeout` for each read (a queued
+        ticket sends nothing until its first token)."""
+        limit = self.timeout if timeout is None else httpx.Timeout(timeout, connect=self.timeout.connect)
+        return http.build_request(
+            call.method, self.base_url + call.path, json=call.json, headers=call.headers, timeout=limit
+        )
 
 
 class TidegateClient(_Base):
@@ -168,20 +235,82 @@ class TidegateClient(_Base):
             self.sleep(min(interval, remaining))
             interval = min(interval * 2, poll_max)
 
+    def stream(self, ticket_id: str, *, timeout: float = DEFAULT_STREAM_TIMEOUT_S) -> Iterator[TicketEvent]:
+        """A ticket's answer while it is produced: tokens (when it was submitted with
+        `"live": "tokens"`), retries, then its `TicketEnd`. Leaving the loop does not cancel it."""
+        for event in self._events(_Calls.stream(ticket_id), timeout):
+            item = ticket_item(event[1])
+            if item is not None:
+                yield item
+            if isinstance(item, TicketEnd):
+                return
+
+    def chat_stream(
+        self,
+        body: Mapping[str, Any],
+        *,
+        include_usage: bool = False,
+        headers: Mapping[str, str] | None = None,
+        timeout: float = DEFAULT_STREAM_TIMEOUT_S,
+    ) -> Iterator[CompletionChunk]:
+        """POST /v1/chat/completions with `stream` on: its chunks as they come. Leaving the loop
+        early closes the connection, which cancels the ticket (the front door's contract)."""
+        call = _Calls.openai_stream(CHAT_PATH, body, include_usage, headers)
+        yield from self._chunks(call, timeout)
+
+    def completion_stream(
+        self,
+        body: Mapping[str, Any],
+        *,
+        include_usage: bool = False,
+        headers: Mapping[str, str] | None = None,
+        timeout: float = DEFAULT_STREAM_TIMEOUT_S,
+    ) -> Iterator[CompletionChunk]:
+        """As `chat_stream`, for POST /v1/completions."""
+        call = _Calls.openai_stream(COMPLETIONS_PATH, body, include_usage, headers)
+        yield from self._chunks(call, timeout)
+
+    def _chunks(self, call: _Call[None], timeout: float) -> Iterator[CompletionChunk]:
+        for ticket_id, event in self._events(call, timeout):
+            chunk = chunk_item(event, ticket_id)
+            if chunk is None:
+                return
+            yield chunk
+
+    def _events(self, call: _Call[None], timeout: float) -> Iterator[tuple[str | None, ServerEvent]]:
+        stream = _Stream(call, timeout)
+        response = self._send(call, timeout)
+        ticket_id = response.headers.get(TICKET_HEADER)
+        try:
+            for line in response.iter_lines():
+                event = stream.feed(line)
+                if event is not None:
+                    yield ticket_id, event
+        except httpx.TransportError as exc:
+            raise stream.failed(exc) from exc
+        finally:
+            response.close()
+
     def _run(self, call: _Call[T]) -> T:
+        response = self._send(call)
+        return call.parse(response.json())
+
+    def _send(self, call: _Call[Any], stream_timeout: float | None = None) -> httpx.Response:
+        """The first answer under 400, retrying by the rules; a stream's body is left unread."""
         retrier = self._retrier(call)
         while True:
             response: httpx.Response | None = None
             error: httpx.TransportError | None = None
             try:
-                response = self.http.request(
-                    call.method, self.base_url + call.path, json=call.json, headers=call.headers
-                )
+                request = self._request(self.http, call, stream_timeout)
+                response = self.http.send(request, stream=stream_timeout is not None)
             except httpx.TransportError as exc:
                 error = exc
             else:
                 if response.status_code < 400:
-                    return call.parse(response.json())
+                    return response
+                response.read()
+                response.close()
             self.sleep(retrier.pause(response, error))
 
 
@@ -244,18 +373,83 @@ class AsyncTidegateClient(_Base):
             await asyncio.sleep(min(interval, remaining))
             interval = min(interval * 2, poll_max)
 
+    async def stream(
+        self, ticket_id: str, *, timeout: float = DEFAULT_STREAM_TIMEOUT_S
+    ) -> AsyncIterator[TicketEvent]:
+        """As TidegateClient.stream."""
+        async for event in self._events(_Calls.stream(ticket_id), timeout):
+            item = ticket_item(event[1])
+            if item is not None:
+                yield item
+            if isinstance(item, TicketEnd):
+                return
+
+    async def chat_stream(
+        self,
+        body: Mapping[str, Any],
+        *,
+        include_usage: bool = False,
+        headers: Mapping[str, str] | None = None,
+        timeout: float = DEFAULT_STREAM_TIMEOUT_S,
+    ) -> AsyncIterator[CompletionChunk]:
+        """As TidegateClient.chat_stream."""
+        call = _Calls.openai_stream(CHAT_PATH, body, include_usage, headers)
+        async for chunk in self._chunks(call, timeout):
+            yield chunk
+
+    async def completion_stream(
+        self,
+        body: Mapping[str, Any],
+        *,
+        include_usage: bool = False,
+        headers: Mapping[str, str] | None = None,
+        timeout: float = DEFAULT_STREAM_TIMEOUT_S,
+    ) -> AsyncIterator[CompletionChunk]:
+        """As TidegateClient.completion_stream."""
+        call = _Calls.openai_stream(COMPLETIONS_PATH, body, include_usage, headers)
+        async for chunk in self._chunks(call, timeout):
+            yield chunk
+
+    async def _chunks(self, call: _Call[None], timeout: float) -> AsyncIterator[CompletionChunk]:
+        async for ticket_id, event in self._events(call, timeout):
+            chunk = chunk_item(event, ticket_id)
+            if chunk is None:
+                return
+            yield chunk
+
+    async def _events(
+        self, call: _Call[None], timeout: float
+    ) -> AsyncIterator[tuple[str | None, ServerEvent]]:
+        stream = _Stream(call, timeout)
+        response = await self._send(call, timeout)
+        ticket_id = response.headers.get(TICKET_HEADER)
+        try:
+            async for line in response.aiter_lines():
+                event = stream.feed(line)
+                if event is not None:
+                    yield ticket_id, event
+        except httpx.TransportError as exc:
+            raise stream.failed(exc) from exc
+        finally:
+            await response.aclose()
+
     async def _run(self, call: _Call[T]) -> T:
+        response = await self._send(call)
+        return call.parse(response.json())
+
+    async def _send(self, call: _Call[Any], stream_timeout: float | None = None) -> httpx.Response:
         retrier = self._retrier(call)
         while True:
             response: httpx.Response | None = None
             error: httpx.TransportError | None = None
             try:
-                response = await self.http.request(
-                    call.method, self.base_url + call.path, json=call.json, headers=call.headers
-                )
+                request = self._request(self.http, call, stream_timeout)
+                response = await self.http.send(request, stream=stream_timeout is not None)
             except httpx.TransportError as exc:
                 error = exc
             else:
                 if response.status_code < 400:
-                    return call.parse(response.json())
+                    return response
+                await response.aread()
+                await response.aclose()
             await asyncio.sleep(retrier.pause(response, error))

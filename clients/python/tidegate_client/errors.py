@@ -48,6 +48,19 @@ class WaitTimeout(TidegateError):
         self.last = last
 
 
+class StreamTimeout(TidegateError):
+    """A stream was still open, or quiet, when its `timeout` passed."""
+
+
+class StreamInterrupted(TidegateError):
+    """The server ended a started stream with an error event (`detail` is its error object)."""
+
+    def __init__(self, detail: ErrorDetail) -> None:
+        super().__init__(detail.message)
+        self.detail = detail
+        self.code = detail.code
+
+
 def _body(response: httpx.Response) -> Any:
     try:
         return response.json()

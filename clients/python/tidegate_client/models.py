@@ -202,3 +202,106 @@ class QueuesView:
         values = _known(cls, data)
         values["types"] = {k: TypeDepth(**_known(TypeDepth, v)) for k, v in data.get("types", {}).items()}
         return cls(**values)
+
+
+@dataclass(frozen=True)
+class TicketToken:
+    """The next piece of a ticket's answer (`stream`)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class TicketRetry:
+    """The attempt failed and the ticket went back to the queue: the answer starts over."""
+
+    error: str
+
+
+@dataclass(frozen=True)
+class TicketEnd:
+    """How the streamed ticket ended; the last event of `stream`."""
+
+    status: TicketStatus
+    finish_reason: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    error: str = ""
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TicketEnd:
+        values = _known(cls, data)
+        values["status"] = TicketStatus(data["status"])
+        values["error"] = data.get("error") or ""
+        return cls(**values)
+
+
+TicketEvent = TicketToken | TicketRetry | TicketEnd
+
+
+def ticket_event(name: str, data: dict[str, Any]) -> TicketEvent | None:
+    """One event of GET /v1/tickets/{id}/stream; None for a kind this client does not know."""
+    if name == "token":
+        return TicketToken(str(data.get("text", "")))
+    if name == "retry":
+        return TicketRetry(str(data.get("error", "")))
+    if name == "end":
+        return TicketEnd.from_json(data)
+    return None
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+@dataclass(frozen=True)
+class ChunkChoice:
+    """One choice of a stream chunk: `text` is a chat delta's content or a completion's text."""
+
+    index: int
+    text: str | None = None
+    role: str | None = None
+    finish_reason: str | None = None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ChunkChoice:
+        delta = data.get("delta")
+        if isinstance(delta, dict):
+            return cls(
+                data.get("index", 0), delta.get("content"), delta.get("role"), data.get("finish_reason")
+            )
+        return cls(data.get("index", 0), data.get("text"), None, data.get("finish_reason"))
+
+
+@dataclass(frozen=True)
+class CompletionChunk:
+    """One OpenAI stream chunk of /v1/chat/completions or /v1/completions, with its ticket's id."""
+
+    id: str
+    object: str
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    ticket_id: str | None = None
+    usage: Usage | None = None
+
+    @property
+    def text(self) -> str:
+        """The text this chunk adds (its choices' texts joined)."""
+        return "".join(c.text or "" for c in self.choices)
+
+    @property
+    def finish_reason(self) -> str | None:
+        return next((c.finish_reason for c in self.choices if c.finish_reason), None)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], ticket_id: str | None) -> CompletionChunk:
+        values = _known(cls, data)
+        values["choices"] = [ChunkChoice.from_json(c) for c in data.get("choices") or []]
+        usage = data.get("usage")
+        values["usage"] = Usage(**_known(Usage, usage)) if isinstance(usage, dict) else None
+        values["ticket_id"] = ticket_id
+        return cls(**values)

@@ -15,8 +15,8 @@ Answer = tuple[int, dict[str, str], Any]
 
 
 class ScriptedPeer:
-    """The n-th request gets script[n] (the last entry repeats); `requests`, `bodies` (parsed) and
-    `raw_bodies` (the bytes, for signature checks) record them."""
+    """The n-th request gets script[n] (the last entry repeats; a body given as bytes is sent as it
+    is); `requests`, `bodies` (parsed) and `raw_bodies` (the bytes, for signature checks) record them."""
 
     def __init__(self, script: list[Answer]) -> None:
         self.script = script
@@ -32,7 +32,7 @@ class ScriptedPeer:
                 peer.raw_bodies.append(raw)
                 peer.bodies.append(json.loads(raw) if raw else None)
                 status, headers, body = peer.script[min(len(peer.requests), len(peer.script)) - 1]
-                data = json.dumps(body).encode()
+                data = body if isinstance(body, bytes) else json.dumps(body).encode()
                 self.send_response(status)
                 for name, value in {"Content-Type": "application/json", **headers}.items():
                     self.send_header(name, value)

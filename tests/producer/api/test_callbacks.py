@@ -3,8 +3,12 @@ failing receiver never changes the ticket."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import requests
@@ -12,6 +16,7 @@ from redis import Redis
 from rq import Queue, Retry, SimpleWorker
 from rq.job import JobStatus
 
+from ops.monitor.dispatch import JobOptions, callback_job
 from producer.callbacks import CallbackFailed, deliver_callback
 from shared.config import Settings
 from shared.queue import TicketQueue
@@ -123,3 +128,38 @@ def test_nothing_to_deliver_without_a_url_or_a_ticket(
     branch.delete(api.url(f"/v1/tickets/{ticket_id}"))
     assert deliver_callback(api.settings.queue_name, ticket_id, redis_url) is None
     assert deliver_callback(api.settings.queue_name, "0000000000000000000000000z", redis_url) is None
+
+
+def _side_job_lines(redis_url: str, queue: Queue) -> list[dict[str, Any]]:
+    """Run the side-job worker as deployments start it (rq's command, tidegate's worker class) in
+    burst mode; every line it wrote to stdout or stderr, parsed as JSON."""
+    name = f"w-{uuid.uuid4().hex[:10]}"
+    command = [sys.executable, "-m", "rq.cli", "worker", "--burst", "--name", name]
+    command += ["--worker-class", "shared.rq_logs.JsonLogWorker", "--url", redis_url, queue.name]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    queue.connection.delete(f"rq:worker:{name}")
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    assert lines, "the worker wrote nothing"
+    return [json.loads(line) for line in lines]  # a line that is not JSON fails here
+
+
+def test_the_side_job_worker_logs_json_lines_carrying_the_ticket_id(
+    api: Api, branch: requests.Session, ticket_queue: TicketQueue, redis_url: str, rq_queue: Queue
+) -> None:
+    with ScriptedPeer([BROKEN, OK]) as peer:
+        ticket_id = _finished_ticket(api, branch, ticket_queue, peer.url)
+        options = JobOptions(callback_retry_intervals=(0,), callbacks_queue=rq_queue.name)
+        rq_queue.enqueue_many([callback_job(api.settings.queue_name, ticket_id, options)])
+        lines = _side_job_lines(redis_url, rq_queue)
+    assert len(peer.requests) == 2
+    assert all({"time", "level", "logger", "message"} <= set(line) for line in lines)
+    assert not any("\x1b" in line["message"] for line in lines), "terminal colours in a log line"
+    mine = [line for line in lines if line.get("ticket_id") == ticket_id]
+    assert {line["rq_queue"] for line in mine} == {rq_queue.name}
+    dequeued = [line for line in mine if f"callback of ticket {ticket_id}" in line["message"]]
+    failed = [line for line in mine if line["level"] == "ERROR"]
+    assert len(dequeued) >= 2, "both tries' dequeue lines carry the ticket"
+    assert failed and "CallbackFailed" in failed[0]["message"]  # the traceback, inside one line
+    assert any("Successfully completed" in line["message"] for line in mine)
+    assert not any(line.get("ticket_id") for line in lines if "Listening on" in line["message"])
