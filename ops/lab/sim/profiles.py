@@ -62,13 +62,14 @@ class Profile:
 # 16k-token tickets of the seed figures fit. Attention comes from the hardware; the rest of the timing
 # is fitted so that the seed figures hold with it (PROFILES.md).
 _A100_KV_BYTES_PER_TOKEN = 2 * 32 * 32 * 128 * 2
-# Attention's cost from the hardware (PROFILES.md): a decode step reads each context token's K and V
-# from HBM (2,039 GB/s on the A100-SXM4-80GB, about 80% of it reached by paged-attention kernels); a
-# prefill chunk does 4 FLOPs per head dimension, head and layer for each (query, key) pair (QK^T and
-# PV) on the tensor cores (312 TFLOP/s fp16 dense, about half of it reached by flash attention).
+# Attention's cost from the hardware, at the kernel efficiencies PROFILES.md assumes: a decode step
+# reads each context token's K and V from HBM (bandwidth-bound); a prefill chunk does QK^T and PV,
+# 4 FLOPs per head dimension, head and layer for each (query, key) pair, on the tensor cores.
 _A100_HBM_BYTES_PER_S = 2.039e12
+_PAGED_ATTENTION_BANDWIDTH_SHARE = 0.8
 _A100_FP16_FLOP_PER_S = 312e12
-_A100_ATTENTION_FLOP_PER_PAIR = 4 * 32 * 32 * 128
+_FLASH_ATTENTION_FLOP_SHARE = 0.5
+_A100_ATTENTION_FLOP_PER_PAIR = 4 * 128 * 32 * 32
 A100_7B = Profile(
     name="a100-7b",
     description="NVIDIA A100-SXM4-80GB serving a 7B Llama-2-architecture model (32k context, fp16)",
@@ -87,8 +88,8 @@ A100_7B = Profile(
     prefill_tokens_per_s=8930.0,
     decode_step_s=0.00228,
     per_seq_slowdown_s=0.00022,
-    decode_attention_s=_A100_KV_BYTES_PER_TOKEN / (0.8 * _A100_HBM_BYTES_PER_S),
-    prefill_attention_s=_A100_ATTENTION_FLOP_PER_PAIR / (0.5 * _A100_FP16_FLOP_PER_S),
+    decode_attention_s=_A100_KV_BYTES_PER_TOKEN / (_PAGED_ATTENTION_BANDWIDTH_SHARE * _A100_HBM_BYTES_PER_S),
+    prefill_attention_s=_A100_ATTENTION_FLOP_PER_PAIR / (_FLASH_ATTENTION_FLOP_SHARE * _A100_FP16_FLOP_PER_S),
     swap_space_bytes=4 * GIB,
     swap_bytes_per_s=25e9,
     stop_median_tokens=160,
