@@ -55,14 +55,7 @@ def type_row(name: str, records: Sequence[TicketRecord], slo_seconds: float | No
     ttfts = [r.client_ttft_s for r in records if r.outcome == "done" and r.client_ttft_s is not None]
     within = sum(1 for value in latencies if slo_seconds is not None and value <= slo_seconds)
     if slo_seconds is None:  # the "all types" row: each request against its own type's SLO
-        within = sum(
-            1
-            for r in records
-            if r.outcome == "done"
-            and r.finished_at is not None
-            and r.first_submit_at is not None
-            and r.finished_at - r.first_submit_at <= r.slo_seconds
-        )
+        within = sum(1 for r in records if met_slo(r))
     return TypeRow(
         type=name,
         offered=len(records),
@@ -119,19 +112,38 @@ class Books:
         return cls(not problems, line, ledger.by_type)
 
 
+def met_slo(record: TicketRecord) -> bool:
+    """Answered within its own type's SLO, counted from the branch's first submission."""
+    return (
+        record.outcome == "done"
+        and record.finished_at is not None
+        and record.first_submit_at is not None
+        and record.finished_at - record.first_submit_at <= record.slo_seconds
+    )
+
+
 def goodput_tokens_per_s(
     records: Sequence[TicketRecord],
     tokens_by_index: Mapping[int, int],
     window: tuple[float, float],
+    *,
+    slo_only: bool = False,
 ) -> float:
-    """Tokens (prompt + completion) of requests answered inside `window` (unix seconds), per second."""
+    """Tokens (prompt + completion) of requests answered inside `window` (unix seconds), per second.
+
+    With `slo_only`, only answers that met their type's SLO count: an answer that came too late did
+    work the branch could not use.
+    """
     start, end = window
     if end <= start:
         raise ValueError(f"window={window} is empty; its end must come after its start")
     total = sum(
         tokens_by_index.get(r.index, 0)
         for r in records
-        if r.outcome == "done" and r.finished_at is not None and start <= r.finished_at < end
+        if r.outcome == "done"
+        and r.finished_at is not None
+        and start <= r.finished_at < end
+        and (met_slo(r) or not slo_only)
     )
     return total / (end - start)
 
@@ -148,6 +160,11 @@ class SystemFigures:
     retries: int
     goodput_tokens_per_s: float
     busy_fraction: float | None
+    slo_goodput_tokens_per_s: float
+    slo_goodput_fraction: float | None
+    """Tokens of answers within their type's SLO in the surge, over capacity: the busy fraction's useful share."""
+    answered: dict[str, int]
+    """Requests answered (done) per type over the whole run."""
     books: Books
     cpu_cores: dict[str, float]
     notes: tuple[str, ...] = ()
@@ -166,13 +183,15 @@ def system_figures(
     oom_crashes: int,
     preemptions: int,
     goodput_tokens_per_s: float,
+    slo_goodput_tokens_per_s: float,
     capacity_tokens_per_s: float,
     cpu_cores: Mapping[str, float],
     notes: Sequence[str] = (),
 ) -> SystemFigures:
     rows = {t: type_row(t, [r for r in records if r.type == t], slo_by_type[t]) for t in types}
     rows["all"] = type_row("all", records, None)
-    busy = goodput_tokens_per_s / capacity_tokens_per_s if capacity_tokens_per_s > 0 else None
+    busy = _share(goodput_tokens_per_s, capacity_tokens_per_s)
+    slo_share = _share(slo_goodput_tokens_per_s, capacity_tokens_per_s)
     return SystemFigures(
         name=name,
         rows=rows,
@@ -180,8 +199,15 @@ def system_figures(
         preemptions=preemptions,
         retries=rows["all"].retries,
         goodput_tokens_per_s=round(goodput_tokens_per_s, 1),
-        busy_fraction=None if busy is None else round(busy, 4),
+        busy_fraction=busy,
+        slo_goodput_tokens_per_s=round(slo_goodput_tokens_per_s, 1),
+        slo_goodput_fraction=slo_share,
+        answered={t: rows[t].done for t in types},
         books=books,
         cpu_cores=dict(cpu_cores),
         notes=tuple(notes),
     )
+
+
+def _share(tokens_per_s: float, capacity_tokens_per_s: float) -> float | None:
+    return round(tokens_per_s / capacity_tokens_per_s, 4) if capacity_tokens_per_s > 0 else None

@@ -148,9 +148,9 @@ class OverloadBench:
 
     def _figures(self, run: SystemRun, capacity_tokens_per_s: float) -> SystemFigures:
         start, end = self.setup.scenario.surge_window()
-        goodput = goodput_tokens_per_s(
-            run.records, run.tokens_by_index, (run.started_at + start, run.started_at + end)
-        )
+        window = (run.started_at + start, run.started_at + end)
+        goodput = goodput_tokens_per_s(run.records, run.tokens_by_index, window)
+        slo_goodput = goodput_tokens_per_s(run.records, run.tokens_by_index, window, slo_only=True)
         return system_figures(
             run.name,
             self.setup.types,
@@ -160,6 +160,7 @@ class OverloadBench:
             oom_crashes=run.sim.oom_crashes,
             preemptions=run.sim.preemptions,
             goodput_tokens_per_s=goodput,
+            slo_goodput_tokens_per_s=slo_goodput,
             capacity_tokens_per_s=capacity_tokens_per_s,
             cpu_cores=run.cpu_cores,
             notes=run.notes,

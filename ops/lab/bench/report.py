@@ -54,6 +54,8 @@ OVERALL_METRICS: tuple[tuple[str, Callable[[SystemFigures], str]], ...] = (
     ("OOM crashes", lambda s: str(s.oom_crashes)),
     ("busy in the surge", lambda s: _fraction(s.busy_fraction)),
     ("goodput, tokens/s", lambda s: f"{s.goodput_tokens_per_s:,.0f}"),
+    ("SLO goodput in the surge", lambda s: _fraction(s.slo_goodput_fraction)),
+    ("SLO goodput, tokens/s", lambda s: f"{s.slo_goodput_tokens_per_s:,.0f}"),
     ("retries sent", lambda s: str(s.retries)),
     ("preemptions", lambda s: str(s.preemptions)),
     ("accounting", lambda s: "holds" if s.books.holds else "BROKEN"),
@@ -65,7 +67,8 @@ def comparison_table(systems: Sequence[SystemFigures], types: Sequence[str], tit
     columns = [*types, "all"]
     caption = (
         "latency: a branch's first submission to its answer (retries included); rejected: the branch gave "
-        "up after 429s; TTFT: a streaming branch's send to its first token; busy: goodput (tokens of answered requests) in the surge ÷ measured capacity"
+        "up after 429s; TTFT: a streaming branch's send to its first token; busy: goodput (tokens of answered "
+        "requests) in the surge ÷ measured capacity; SLO goodput: the same for answers within their type's SLO"
     )
     table = Table(title=title, caption=caption, show_lines=False)
     table.add_column("metric")
@@ -90,6 +93,15 @@ def comparison_table(systems: Sequence[SystemFigures], types: Sequence[str], tit
     return table
 
 
+def summary_line(system: SystemFigures) -> str:
+    """Busy fraction, SLO goodput and answers per type on one line, the figures runs are compared by."""
+    answered = ", ".join(f"{count} {t}" for t, count in system.answered.items())
+    return (
+        f"{system.name}: busy {_fraction(system.busy_fraction)}, SLO goodput "
+        f"{_fraction(system.slo_goodput_fraction)} of capacity in the surge; answered {answered}"
+    )
+
+
 def verdict_lines(verdict: Mapping[str, Mapping[str, bool]]) -> list[str]:
     """One line per check of the issue's "done when", marked ok or SHORT."""
     return [
@@ -110,6 +122,7 @@ def print_result(console: Console, result: OverloadResult) -> None:
     types = [t for t in systems[0].rows if t != "all"]
     console.print(comparison_table(systems, types, title))
     for system in systems:
+        console.print(summary_line(system), highlight=False)
         console.print(f"{system.name} {system.books.line}", highlight=False)
         cores = ", ".join(f"{name} {value:.2f}" for name, value in system.cpu_cores.items())
         console.print(f"{system.name} CPU (cores): {cores}", highlight=False)

@@ -43,6 +43,18 @@ def sim_vllm(
     per_seq_slowdown: Annotated[
         float | None, typer.Option(help="Step time added per running sequence.")
     ] = None,
+    decode_attention_s: Annotated[
+        float | None,
+        typer.Option(help="Step time per context token of each decoding sequence (attention), seconds."),
+    ] = None,
+    prefill_attention_s: Annotated[
+        float | None,
+        typer.Option(help="Step time per (new token, context token) pair of a prefill chunk, seconds."),
+    ] = None,
+    enable_chunked_prefill: Annotated[
+        bool,
+        typer.Option(help="Split a prompt over steps to fit the token budget (vLLM V1's default)."),
+    ] = True,
     preemption_mode: Annotated[PreemptionMode, typer.Option(help="How a sequence leaves a full cache.")] = (
         PreemptionMode.RECOMPUTE
     ),
@@ -83,6 +95,9 @@ def sim_vllm(
             prefill_tokens_per_s=prefill_tokens_per_s,
             decode_step_s=decode_step_s,
             per_seq_slowdown_s=per_seq_slowdown,
+            decode_attention_s=decode_attention_s,
+            prefill_attention_s=prefill_attention_s,
+            enable_chunked_prefill=enable_chunked_prefill,
             preemption_mode=preemption_mode,
             oom_mode=oom_mode,
             oom_recovery_s=oom_recovery_s,

@@ -45,6 +45,9 @@ class SimConfig:
     prefill_tokens_per_s: float
     decode_step_s: float
     per_seq_slowdown_s: float
+    decode_attention_s: float
+    prefill_attention_s: float
+    enable_chunked_prefill: bool
     preemption_mode: PreemptionMode
     oom_mode: OomMode
     oom_recovery_s: float
@@ -87,6 +90,9 @@ def build_config(
     prefill_tokens_per_s: float | None = None,
     decode_step_s: float | None = None,
     per_seq_slowdown_s: float | None = None,
+    decode_attention_s: float | None = None,
+    prefill_attention_s: float | None = None,
+    enable_chunked_prefill: bool = True,
     preemption_mode: PreemptionMode | str = PreemptionMode.RECOMPUTE,
     oom_mode: OomMode | str = OomMode.PREEMPT,
     oom_recovery_s: float = 90.0,
@@ -119,6 +125,9 @@ def build_config(
         else prefill_tokens_per_s,
         decode_step_s=base.decode_step_s if decode_step_s is None else decode_step_s,
         per_seq_slowdown_s=base.per_seq_slowdown_s if per_seq_slowdown_s is None else per_seq_slowdown_s,
+        decode_attention_s=base.decode_attention_s if decode_attention_s is None else decode_attention_s,
+        prefill_attention_s=base.prefill_attention_s if prefill_attention_s is None else prefill_attention_s,
+        enable_chunked_prefill=enable_chunked_prefill,
         preemption_mode=_choice(PreemptionMode, preemption_mode, "--preemption-mode"),
         oom_mode=_choice(OomMode, oom_mode, "--oom-mode"),
         oom_recovery_s=oom_recovery_s,
@@ -169,6 +178,8 @@ def _validate(config: SimConfig) -> None:
             raise ConfigError(f"{flag}={number} is not accepted; it must be greater than 0")
     for flag, number in {
         "--per-seq-slowdown": config.per_seq_slowdown_s,
+        "--decode-attention-s": config.decode_attention_s,
+        "--prefill-attention-s": config.prefill_attention_s,
         "--oom-recovery-s": config.oom_recovery_s,
     }.items():
         if not number >= 0:
@@ -177,6 +188,13 @@ def _validate(config: SimConfig) -> None:
         raise ConfigError(
             f"--max-num-batched-tokens={config.max_num_batched_tokens} is smaller than "
             f"--max-num-seqs={config.max_num_seqs}; vLLM needs at least one token per running sequence"
+        )
+    if not config.enable_chunked_prefill and config.max_num_batched_tokens < config.max_model_len:
+        raise ConfigError(
+            f"--max-num-batched-tokens={config.max_num_batched_tokens} is smaller than "
+            f"--max-model-len={config.max_model_len} with chunked prefill off; vLLM refuses this too "
+            "(a longer prompt could never be scheduled): raise it, lower --max-model-len or keep "
+            "--enable-chunked-prefill"
         )
     capacity = config.kv_blocks * config.block_size
     if config.max_model_len > capacity:

@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import math
 import time
 from dataclasses import dataclass, field
 
@@ -200,7 +199,7 @@ class Engine:
             if plan is None:
                 self._skip_to_next_arrival()
                 continue
-            end = plan.start + plan.step_s * plan.steps
+            end = plan.end(plan.steps)
             self._listen()
             delay = self.clock.to_real(end - self.clock.now())
             if delay > 0:
@@ -211,10 +210,10 @@ class Engine:
             # An arrival or abort takes effect at the step boundary after it happened, not after the wake.
             event_at = self._event_at if self._event_at is not None else self.clock.now()
             elapsed = min(event_at, self.clock.now()) - plan.start
-            steps = plan.steps if elapsed >= end - plan.start else math.ceil(elapsed / plan.step_s)
-            steps = min(plan.steps, max(1, steps))
+            steps = plan.steps if elapsed >= end - plan.start else plan.steps_started(elapsed)
+            steps = min(plan.steps, steps)
             result = self.scheduler.commit(plan, steps)
-            self._time = plan.start + plan.step_s * steps
+            self._time = plan.end(steps)
             for seq in result.progressed:
                 self._handles[seq].changed.set()
             for seq in result.finished:

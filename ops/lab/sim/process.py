@@ -33,13 +33,17 @@ class SimulatorError(RuntimeError):
 
 
 def _flag_args(flags: dict[str, object]) -> list[str]:
-    """`kv_blocks=64` -> `--kv-blocks 64`; None leaves the profile's value."""
+    """`kv_blocks=64` -> `--kv-blocks 64`, `enable_chunked_prefill=False` -> `--no-enable-chunked-prefill`;
+    None leaves the profile's value."""
     args: list[str] = []
     for name, value in flags.items():
         if value is None:
             continue
-        option = "--" + name.replace("_", "-")
-        args += [option, str(value.value if hasattr(value, "value") else value)]
+        option = name.replace("_", "-")
+        if isinstance(value, bool):
+            args.append(f"--{option}" if value else f"--no-{option}")
+            continue
+        args += [f"--{option}", str(value.value if hasattr(value, "value") else value)]
     return args
 
 

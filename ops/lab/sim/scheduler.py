@@ -131,13 +131,45 @@ class WaitingQueue:
 
 @dataclass
 class StepPlan:
-    """`steps` identical steps of `step_s` each, starting at `start`; `work` maps a sequence to its tokens."""
+    """`steps` steps from `start`, the first lasting `step_s` and each later one `growth_s` longer.
+
+    A stretch of identical decode steps still grows: every sequence's context gains a token per step,
+    and attention reads it all. `work` maps a sequence to its tokens in each step.
+    """
 
     start: float
     step_s: float
     steps: int
+    growth_s: float = 0.0
     work: dict[Seq, int] = field(default_factory=dict)
     preempted: list[Seq] = field(default_factory=list)
+
+    def duration(self, steps: int) -> float:
+        return steps * self.step_s + self.growth_s * steps * (steps - 1) / 2
+
+    def end(self, steps: int) -> float:
+        """Model time at which the first `steps` steps are done."""
+        return self.start + self.duration(steps)
+
+    def steps_started(self, elapsed: float) -> int:
+        """Steps begun within `elapsed` model seconds of the start, the one in flight included (at least 1)."""
+        if self.growth_s == 0.0:
+            steps = math.ceil(elapsed / self.step_s)
+        else:
+            half = self.growth_s / 2
+            linear = self.step_s - half
+            steps = math.ceil((-linear + math.sqrt(linear * linear + 4 * half * elapsed)) / (2 * half))
+        steps = max(1, steps)
+        while steps > 1 and self.duration(steps - 1) >= elapsed:
+            steps -= 1
+        while self.duration(steps) < elapsed:
+            steps += 1
+        return steps
+
+    def steps_within(self, span: float) -> int:
+        """The most steps that end within `span` model seconds (at least 1)."""
+        steps = self.steps_started(span)
+        return steps if self.duration(steps) <= span or steps == 1 else steps - 1
 
 
 @dataclass
@@ -204,6 +236,26 @@ class Scheduler:
         None when nothing can run yet: the waiting head has not arrived by `clock`.
         """
         plan = StepPlan(start=clock, step_s=0.0, steps=1)
+        budget, swap_s = self._schedule_running(plan)
+        admitted = False
+        if not plan.preempted:
+            admitted, swap_in_s, budget = self._admit(plan, clock, budget)
+            swap_s += swap_in_s
+        if not plan.work:
+            # A sequence that preempted itself ends vLLM's step with nothing run; the next one starts
+            # at once. Each such round has fewer running sequences, so this ends.
+            return self.schedule(clock, max_span_s) if plan.preempted else None
+        plan.step_s = self._step_seconds(plan) + swap_s
+        decoding_only = all(seq.decoding for seq in plan.work)
+        uniform = not admitted and not plan.preempted and swap_s == 0.0 and decoding_only
+        if uniform and len(plan.work) == len(self.running):
+            # Each step every context grows by a token, and attention reads all of it.
+            plan.growth_s = self._config.decode_attention_s * len(plan.work)
+            plan.steps = self._uniform_steps(plan, clock, plan.steps_within(max_span_s))
+        return plan
+
+    def _schedule_running(self, plan: StepPlan) -> tuple[int, float]:
+        """Give the running sequences their tokens, preempting as vLLM does; returns (budget left, swap s)."""
         budget = self._config.max_num_batched_tokens
         swap_s = 0.0
         for seq in list(self.running):
@@ -223,33 +275,38 @@ class Scheduler:
                 if victim is seq:
                     break
             if seq.state is not SeqState.RUNNING:
-                continue
+                break  # as vLLM: once a sequence preempts itself, no later one runs this step
             self.free_blocks -= needed
             seq.blocks += needed
             plan.work[seq] = tokens
             budget -= tokens
-        admitted = False
-        if not plan.preempted:
-            admitted, swap_in_s, budget = self._admit(plan, clock, budget)
-            swap_s += swap_in_s
-        if not plan.work:
-            return None
-        prefill_tokens = sum(tokens for seq, tokens in plan.work.items() if not seq.decoding)
-        plan.step_s = (
-            self._config.decode_step_s
-            + self._config.per_seq_slowdown_s * len(plan.work)
-            + prefill_tokens / self._config.prefill_tokens_per_s
-            + swap_s
+        return budget, swap_s
+
+    def _step_seconds(self, plan: StepPlan) -> float:
+        """The step model: a base, a cost per sequence, per prefill token, and attention over the context."""
+        config = self._config
+        prefill_tokens = 0
+        prefill_pairs = 0
+        decode_context = 0
+        for seq, tokens in plan.work.items():
+            if seq.decoding:
+                decode_context += seq.total_tokens
+            else:
+                prefill_tokens += tokens
+                # Each new token attends to the context before it and to the chunk up to itself.
+                prefill_pairs += tokens * seq.computed + tokens * (tokens + 1) // 2
+        return (
+            config.decode_step_s
+            + config.per_seq_slowdown_s * len(plan.work)
+            + prefill_tokens / config.prefill_tokens_per_s
+            + config.decode_attention_s * decode_context
+            + config.prefill_attention_s * prefill_pairs
         )
-        uniform = not admitted and not plan.preempted and swap_s == 0.0 and prefill_tokens == 0
-        if uniform and len(plan.work) == len(self.running):
-            plan.steps = self._uniform_steps(plan, clock, max(1, int(max_span_s / plan.step_s)))
-        return plan
 
     def commit(self, plan: StepPlan, steps: int) -> CommitResult:
         """Apply the first `steps` steps of `plan`: tokens computed and sampled, finished requests freed."""
         result = CommitResult()
-        step_end = plan.start + plan.step_s
+        step_end = plan.end(1)
         for seq, tokens in plan.work.items():
             if seq.state is not SeqState.RUNNING:
                 continue  # aborted while the step ran
@@ -258,7 +315,7 @@ class Scheduler:
             else:
                 seq.computed += tokens
                 if seq.computed == seq.total_tokens:
-                    self._emit(seq, step_end, 1, plan.step_s)
+                    self._emit(seq, step_end, 1, plan)
             result.progressed.append(seq)
             if seq.output_tokens >= seq.target_tokens:
                 self._finish(seq)
@@ -274,13 +331,15 @@ class Scheduler:
             head = self.waiting.peek()
             if head is None or head.arrival > clock:
                 break
-            if head.swapped_blocks:
-                tokens = head.total_tokens - head.computed
-            else:
-                tokens = min(head.total_tokens, budget)
-            needed = self._blocks_for(head.computed + tokens if head.swapped_blocks else tokens)
-            if tokens > budget or needed > self.free_blocks:
+            remaining = head.total_tokens - head.computed if head.swapped_blocks else head.total_tokens
+            if remaining > budget and (head.swapped_blocks or not self._config.enable_chunked_prefill):
                 break
+            tokens = min(remaining, budget)
+            # vLLM 0.32 admits a request only when its whole sequence fits in the free blocks
+            # (`scheduler_reserve_full_isl`), not only its first chunk.
+            if self._blocks_for(head.total_tokens) > self.free_blocks:
+                break
+            needed = self._blocks_for(head.computed + tokens if head.swapped_blocks else tokens)
             self.waiting.pop()
             if head.swapped_blocks:
                 swap_s += head.swapped_blocks * self._config.swap_s_per_block
@@ -331,7 +390,7 @@ class Scheduler:
         next_arrival = self.next_arrival()
         if next_arrival is not None and next_arrival > clock:
             # Stop at the step in which a not-yet-arrived head arrives; it may be admissible then.
-            limit = min(limit, max(1, math.ceil((next_arrival - clock) / plan.step_s)))
+            limit = min(limit, plan.steps_started(next_arrival - clock))
         if limit <= 1:
             return 1
         if self._extra_blocks(plan, limit) <= self.free_blocks:
@@ -355,20 +414,21 @@ class Scheduler:
         if needed > 0:
             seq.blocks += needed
             self.free_blocks -= needed
-        self._emit(seq, plan.start + plan.step_s * steps, steps, plan.step_s)
+        self._emit(seq, plan.end(steps), steps, plan)
 
-    def _emit(self, seq: Seq, last_at: float, tokens: int, step_s: float) -> None:
-        """Record `tokens` sampled tokens, the last at `last_at`, one step apart."""
-        first_at = last_at - step_s * (tokens - 1)
+    def _emit(self, seq: Seq, last_at: float, tokens: int, plan: StepPlan) -> None:
+        """Record `tokens` sampled tokens of `plan`'s first steps, one a step, the last at `last_at`."""
+        first_at = plan.end(1)
+        # The gaps between them are steps 2..tokens, each `growth_s` longer than the one before.
+        later_gap, growth = plan.step_s + plan.growth_s, plan.growth_s
         if seq.first_token_at is None:
             seq.first_token_at = first_at
             self.stats.ttft.observe(max(0.0, first_at - seq.arrival))
             self.stats.prompt_tokens += seq.prompt_tokens
-            self.stats.itl.observe(step_s, tokens - 1)
         else:
             previous = seq.last_token_at if seq.last_token_at is not None else first_at
             self.stats.itl.observe(max(0.0, first_at - previous))
-            self.stats.itl.observe(step_s, tokens - 1)
+        self.stats.itl.observe_series(later_gap, growth, tokens - 1)
         seq.output_tokens += tokens
         seq.last_token_at = last_at
         self.stats.generation_tokens += tokens

@@ -8,6 +8,7 @@ Python work per generated token.
 from __future__ import annotations
 
 import bisect
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -42,6 +43,23 @@ class Histogram:
             return
         self.counts[bisect.bisect_left(self.bounds, value)] += times
         self.total += value * times
+        self.count += times
+
+    def observe_series(self, first: float, step: float, times: int) -> None:
+        """Observe `first`, `first + step`, ... (`times` values, `step` >= 0) without a loop over them."""
+        if times <= 0:
+            return
+        if step <= 0:
+            self.observe(first, times)
+            return
+        placed = 0
+        for index, bound in enumerate(self.bounds):
+            # Values up to `bound` land in this bucket or an earlier one.
+            upto = 0 if bound < first else min(times, math.floor((bound - first) / step) + 1)
+            self.counts[index] += upto - placed
+            placed = upto
+        self.counts[-1] += times - placed
+        self.total += first * times + step * times * (times - 1) / 2
         self.count += times
 
     def cumulative(self) -> list[tuple[str, float]]:

@@ -2,11 +2,12 @@
 
 Estimated from the simulator's settings and the workload's sizes rather than measured, so it is
 known before anything starts and the same on every machine. The model is the simulator's own step
-time (`decode_step_s + per_seq_slowdown_s × running + prefill_tokens / prefill_tokens_per_s`) at the
-batch the workers' sizer will choose from free GPU memory:
+time (`decode_step_s + per_seq_slowdown_s × running + prefill_tokens / prefill_tokens_per_s`, plus
+attention over the context) at the batch the workers' sizer will choose from free GPU memory:
 
     each step decodes one token for each of B running tickets, and prefill is paid once per ticket, so
-    per GPU  X = 1 / (out × (decode + slowdown × B) / B + prompt / prefill_speed)   (model seconds)
+    per GPU  X = 1 / (out × (decode + slowdown × B) / B + prompt / prefill_speed + attention)
+    attention = decode_attention × out × (prompt + out / 2) + prefill_attention × E[prompt²] / 2
 
 times `time_scale` for wall seconds, times the number of GPUs. The run's measured drain rate (the
 monitor's `drain_rate`) is printed next to it, so the estimate is checked on every run.
@@ -69,6 +70,8 @@ def estimate_capacity(
         raise ValueError(f"gpus={gpus} is not accepted; use at least 1")
     sample = sample_tickets(spec, SAMPLE_TICKETS)
     prompt = sum(t.prompt_tokens for t in sample) / len(sample)
+    # Prefill attention grows with the square of the prompt, so the long tail weighs in through E[p²].
+    prompt_squared = sum(t.prompt_tokens**2 for t in sample) / len(sample)
     caps = [t.max_tokens for t in sample]
     max_tokens = sum(caps) / len(caps)
     output = _mean_output_tokens(config, caps, spec.seed)
@@ -82,7 +85,11 @@ def estimate_capacity(
     kv_fit = max(1, int(config.kv_blocks * config.block_size // (prompt + output)))
     batch = max(1, min(batch, kv_fit))
     step = config.decode_step_s + config.per_seq_slowdown_s * batch
-    seconds_per_ticket = output * step / batch + prompt / config.prefill_tokens_per_s
+    attention = (
+        config.decode_attention_s * output * (prompt + output / 2)
+        + config.prefill_attention_s * prompt_squared / 2
+    )
+    seconds_per_ticket = output * step / batch + prompt / config.prefill_tokens_per_s + attention
     per_gpu = config.time_scale / seconds_per_ticket
     return CapacityEstimate(
         tickets_per_s=per_gpu * gpus,

@@ -1,19 +1,22 @@
 """Measure a vLLM-compatible server's speed in the simulator's terms.
 
 The simulator prices one engine step as `decode_step_s + per_seq_slowdown_s * batch + prefill_tokens /
-prefill_tokens_per_s`. This fits those three numbers to a live server:
+prefill_tokens_per_s`, plus attention over the context: `decode_attention_s` per context token of each
+decoding sequence and `prefill_attention_s` per (new token, context token) pair of a prefill chunk.
+This fits those five numbers to a live server:
 
-- decode: `b` streams of `decode_tokens` tokens at once for each batch size `b`, each after a
-  `decode_context`-token prompt; the median gap between a stream's tokens is one step at batch `b`;
-  a least-squares line through (b, step) gives the base and the per-sequence slowdown. On the CPU a
-  sequence's attention over its context costs measurably per step and the simulator has no term for
-  it, so the context should be the workload's typical one: the slowdown then carries that cost;
+- decode: `b` streams of `decode_tokens` tokens at once for each batch size `b`, each after a prompt
+  of one of two lengths (`DECODE_CONTEXTS`); the median gap between a stream's tokens is one step at
+  batch `b` and that context. A line through (b, step) per context gives an intercept (the base) and a
+  slope; the slope's growth with the context, per token, is the decode attention cost, and what is
+  left of the slope at no context is the per-sequence slowdown;
 - prefill: while one long stream decodes, requests with prompts of several lengths and `max_tokens`
   1 are sent one at a time; the step that carries a prompt stalls the stream, and the stall beyond
-  the stream's usual step, over prompt length, is the prefill rate. Time-to-first-token is not used
-  for it: it also holds the API server's own work (HTTP, IPC, detokenising, about 20-30 ms here),
-  which runs on the other core and does not hold up the engine, so the rate it gives is too low and
-  the simulated engine saturates before the real one does.
+  the stream's usual step is the prompt's prefill: `n / prefill_tokens_per_s + prefill_attention_s *
+  n (n + 1) / 2`, fitted by least squares on relative error. Time-to-first-token is not used for it:
+  it also holds the API server's own work (HTTP, IPC, detokenising, about 20-30 ms here), which runs on
+  the other core and does not hold up the engine, so the rate it gives is too low and the simulated
+  engine saturates before the real one does.
 
 Prompts are seeded random token ids, distinct per request, so vLLM's prefix cache never hits.
 
@@ -40,6 +43,11 @@ import requests
 from ops.lab.vllm_cpu.server import VllmCpuServer
 
 BATCH_SIZES = (1, 2, 4, 8)
+# Two prompt lengths before the measured decode: eight streams of the longer one and their answers
+# still fit the default 64-block cache, so no measurement is disturbed by preemption.
+DECODE_CONTEXTS = (64, 768)
+# Gaps skipped at the start of each decode stream: the batch's prefills land in the first steps.
+SKIPPED_GAPS = 6
 PROMPT_LENGTHS = (64, 256, 512, 1024)
 REPEATS = 5
 BACKGROUND_TOKENS = 1900
@@ -66,9 +74,26 @@ class Calibration:
     decode_step_s: float
     per_seq_slowdown_s: float
     prefill_tokens_per_s: float
-    step_by_batch: dict[int, float]
+    decode_attention_s: float
+    prefill_attention_s: float
+    step_by_context: dict[int, dict[int, float]]
+    """Measured step by prompt length before the decode, then by batch size."""
+    decode_tokens: int
     prefill_stall_by_prompt: dict[int, float]
     ttft_by_prompt: dict[int, float]
+
+    def decode_step(self, prompt: int, batch: int) -> float:
+        attention = self.decode_attention_s * measured_context(prompt, self.decode_tokens)
+        return self.decode_step_s + (self.per_seq_slowdown_s + attention) * batch
+
+    def prefill_stall(self, prompt: int) -> float:
+        pairs = prompt * (prompt + 1) / 2
+        return self.per_seq_slowdown_s + prompt / self.prefill_tokens_per_s + self.prefill_attention_s * pairs
+
+
+def measured_context(prompt: int, decode_tokens: int) -> float:
+    """Context tokens a measured decode step attends to, on average, after a `prompt`-token prompt."""
+    return prompt + (SKIPPED_GAPS + decode_tokens) / 2
 
 
 def random_prompt(rng: random.Random, length: int, vocab: int) -> list[int]:
@@ -135,8 +160,7 @@ def measure_decode(
         timings = concurrent_streams(
             base_url, model, [random_prompt(rng, context, vocab) for _ in range(batch)], tokens
         )
-        # Skip the first gaps: the streams' prefills land in the first steps.
-        gaps = [gap for timing in timings for gap in timing.gaps()[4:]]
+        gaps = [gap for timing in timings for gap in timing.gaps()[SKIPPED_GAPS:]]
         steps[batch] = statistics.median(gaps)
     return steps
 
@@ -201,50 +225,86 @@ def measure_prefill_stalls(
         background.close()
 
 
-def calibrate(
-    base_url: str, model: str, vocab: int, decode_tokens: int, decode_context: int, seed: int
-) -> Calibration:
+def fit_decode(
+    step_by_context: dict[int, dict[int, float]], mean_context: dict[int, float]
+) -> tuple[float, float, float]:
+    """Base, per-sequence slowdown and attention per context token from steps at two contexts."""
+    lines = {
+        context: fit_line([(float(b), step) for b, step in steps.items()])
+        for context, steps in step_by_context.items()
+    }
+    (short, (short_base, short_slope)), (long, (long_base, long_slope)) = sorted(lines.items())
+    span = mean_context[long] - mean_context[short]
+    attention = max(0.0, (long_slope - short_slope) / span)
+    slowdown = max(0.0, short_slope - attention * mean_context[short])
+    return (short_base + long_base) / 2, slowdown, attention
+
+
+def fit_prefill(stalls: dict[int, float], slowdown: float) -> tuple[float, float]:
+    """Seconds per prompt token and per (token, context token) pair: least squares on relative error.
+
+    Most prompts are short and attention makes long ones dearer per token, so each length weighs
+    alike rather than the longest dominating the fit.
+    """
+    rows = [(n / (stall - slowdown), n * (n + 1) / 2 / (stall - slowdown)) for n, stall in stalls.items()]
+    a11 = sum(x * x for x, _ in rows)
+    a12 = sum(x * z for x, z in rows)
+    a22 = sum(z * z for _, z in rows)
+    b1 = sum(x for x, _ in rows)
+    b2 = sum(z for _, z in rows)
+    per_pair = (a11 * b2 - a12 * b1) / (a11 * a22 - a12 * a12)
+    if per_pair <= 0:
+        return b1 / a11, 0.0  # no measurable attention: the line through the origin
+    return (b1 * a22 - b2 * a12) / (a11 * a22 - a12 * a12), per_pair
+
+
+def calibrate(base_url: str, model: str, vocab: int, decode_tokens: int, seed: int) -> Calibration:
     rng = random.Random(seed)
     # The first requests after startup run slower (first-use allocations and kernel set-up): one
     # whole unmeasured pass first.
-    measure_decode(base_url, model, rng, vocab, decode_tokens, decode_context)
+    measure_decode(base_url, model, rng, vocab, decode_tokens, DECODE_CONTEXTS[0])
     measure_prefill_stalls(base_url, model, rng, vocab)
-    step_by_batch = measure_decode(base_url, model, rng, vocab, decode_tokens, decode_context)
+    step_by_context = {
+        context: measure_decode(base_url, model, rng, vocab, decode_tokens, context)
+        for context in DECODE_CONTEXTS
+    }
     prefill = measure_prefill_stalls(base_url, model, rng, vocab)
-    base, slowdown = fit_line([(float(b), s) for b, s in step_by_batch.items()])
-    # The stall is the new sequence's share of the step (one more sequence, its prompt's tokens); the
-    # line through (prompt length, stall - slowdown) is pinned at the origin and fitted on relative
-    # error, since attention makes long prompts dearer per token and most prompts are short.
-    ratios = [n / (stall - slowdown) for n, (stall, _) in prefill.items()]
-    seconds_per_token = sum(ratios) / sum(ratio * ratio for ratio in ratios)
+    mean_context = {context: measured_context(context, decode_tokens) for context in DECODE_CONTEXTS}
+    base, slowdown, decode_attention = fit_decode(step_by_context, mean_context)
+    seconds_per_token, per_pair = fit_prefill({n: stall for n, (stall, _) in prefill.items()}, slowdown)
     return Calibration(
         decode_step_s=base,
-        per_seq_slowdown_s=max(0.0, slowdown),
+        per_seq_slowdown_s=slowdown,
         prefill_tokens_per_s=1.0 / seconds_per_token,
-        step_by_batch=step_by_batch,
+        decode_attention_s=decode_attention,
+        prefill_attention_s=per_pair,
+        step_by_context=step_by_context,
+        decode_tokens=decode_tokens,
         prefill_stall_by_prompt={n: stall for n, (stall, _) in prefill.items()},
         ttft_by_prompt={n: ttft for n, (_, ttft) in prefill.items()},
     )
 
 
 def render(result: Calibration) -> str:
-    lines = ["| batch | step (ms) | fitted (ms) |", "|---|---|---|"]
-    for batch, step in result.step_by_batch.items():
-        fitted = result.decode_step_s + result.per_seq_slowdown_s * batch
-        lines.append(f"| {batch} | {step * 1e3:.1f} | {fitted * 1e3:.1f} |")
+    lines = ["| prompt before decode | batch | step (ms) | fitted (ms) |", "|---|---|---|---|"]
+    for context, steps in result.step_by_context.items():
+        for batch, step in steps.items():
+            fitted = result.decode_step(context, batch)
+            lines.append(f"| {context} | {batch} | {step * 1e3:.1f} | {fitted * 1e3:.1f} |")
     lines += [
         "",
         "| prompt tokens | engine stall (ms) | fitted (ms) | TTFT alone (ms) |",
         "|---|---|---|---|",
     ]
     for length, stall in result.prefill_stall_by_prompt.items():
-        fitted = result.per_seq_slowdown_s + length / result.prefill_tokens_per_s
+        fitted = result.prefill_stall(length)
         ttft = result.ttft_by_prompt[length]
         lines.append(f"| {length} | {stall * 1e3:.0f} | {fitted * 1e3:.0f} | {ttft * 1e3:.0f} |")
     lines += [
         "",
         f"decode_step_s={result.decode_step_s:.5f} per_seq_slowdown_s={result.per_seq_slowdown_s:.5f} "
-        f"prefill_tokens_per_s={result.prefill_tokens_per_s:.0f}",
+        f"prefill_tokens_per_s={result.prefill_tokens_per_s:.0f} "
+        f"decode_attention_s={result.decode_attention_s:.3g} prefill_attention_s={result.prefill_attention_s:.3g}",
         f"1-min load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs",
     ]
     return "\n".join(lines)
@@ -257,9 +317,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="tiny-llama")
     parser.add_argument("--vocab", type=int, default=8192, help="token ids are drawn below this")
     parser.add_argument("--decode-tokens", type=int, default=96)
-    parser.add_argument(
-        "--decode-context", type=int, default=192, help="prompt tokens before the measured decode"
-    )
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON document")
     args = parser.parse_args(argv)
@@ -270,9 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.start:
             server = stack.enter_context(VllmCpuServer(max_model_len=2048))
             base_url = server.base_url
-        result = calibrate(
-            base_url, args.model, args.vocab, args.decode_tokens, args.decode_context, args.seed
-        )
+        result = calibrate(base_url, args.model, args.vocab, args.decode_tokens, args.seed)
     sys.stdout.write((json.dumps(asdict(result), indent=2) if args.json else render(result)) + "\n")
     return 0
 

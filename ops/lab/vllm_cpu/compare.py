@@ -144,11 +144,13 @@ def sim_server(**overrides: float) -> Iterator[str]:
 
 def fitted_overrides(base_url: str, model: str, vocab: int) -> dict[str, float]:
     """The simulator flags that `calibrate` fits to the server as it runs right now."""
-    fitted = calibrate(base_url, model, vocab, decode_tokens=96, decode_context=192, seed=7)
+    fitted = calibrate(base_url, model, vocab, decode_tokens=96, seed=7)
     return {
         "decode_step_s": fitted.decode_step_s,
         "per_seq_slowdown": fitted.per_seq_slowdown_s,
         "prefill_tokens_per_s": fitted.prefill_tokens_per_s,
+        "decode_attention_s": fitted.decode_attention_s,
+        "prefill_attention_s": fitted.prefill_attention_s,
     }
 
 

@@ -10,15 +10,22 @@ from ops.lab.traffic.records import TicketRecord
 
 
 def record(
-    index: int, outcome: str, *, first: float = 100.0, finished: float | None = None, submissions: int = 1
+    index: int,
+    outcome: str,
+    *,
+    first: float = 100.0,
+    finished: float | None = None,
+    submissions: int = 1,
+    type_: str = "loan_approval",
+    slo: float = 2.0,
 ) -> TicketRecord:
     return TicketRecord(
         index=index,
         request_id=f"r{index}",
-        type="loan_approval",
+        type=type_,
         branch_id="branch-001",
         planned_at=0.0,
-        slo_seconds=2.0,
+        slo_seconds=slo,
         submissions=submissions,
         retries=submissions - 1,
         outcome=outcome,
@@ -94,9 +101,59 @@ def test_busy_fraction_is_goodput_over_capacity() -> None:
         oom_crashes=0,
         preemptions=0,
         goodput_tokens_per_s=900.0,
+        slo_goodput_tokens_per_s=450.0,
         capacity_tokens_per_s=1000.0,
         cpu_cores={},
     )
-    assert figures.busy_fraction == 0.9
+    assert figures.busy_fraction == 0.9 and figures.slo_goodput_fraction == 0.45
     assert set(figures.rows) == {"loan_approval", "all"}
     assert figures.books.holds and "books" in figures.to_dict()
+
+
+def surge_records() -> list[TicketRecord]:
+    complaint = {"type_": "complaint", "slo": 10.0}
+    return [
+        record(0, "done", first=100.0, finished=101.5),  # a loan within its 2 s
+        record(1, "done", first=100.0, finished=105.0),  # a loan 5 s late for its branch
+        record(2, "done", first=95.0, finished=104.0, **complaint),  # 9 s: within 10
+        record(3, "done", first=90.0, finished=108.0, submissions=4, **complaint),  # retried for 18 s
+        record(4, "failed", first=101.0, finished=102.0),
+        record(5, "done", first=111.0, finished=111.5),  # within its SLO, after the window
+        record(6, "rejected", first=100.0, finished=109.0, submissions=5, **complaint),
+    ]
+
+
+def test_slo_goodput_counts_only_answers_within_their_own_types_slo() -> None:
+    tokens = {0: 1000, 1: 3000, 2: 2000, 3: 4000, 4: 8000, 5: 500, 6: 700}
+    window = (100.0, 110.0)
+    assert goodput_tokens_per_s(surge_records(), tokens, window) == 1000.0
+    assert goodput_tokens_per_s(surge_records(), tokens, window, slo_only=True) == 300.0
+
+
+def test_figures_carry_the_slo_goodput_share_and_the_answers_per_type() -> None:
+    records = surge_records()
+    ledger = Ledger(
+        "clients",
+        {
+            "loan_approval": {"submitted": 4, "done": 3, "failed": 1},
+            "complaint": {"submitted": 10, "done": 2, "rejected": 8},
+        },
+    )
+    figures = system_figures(
+        "tidegate",
+        ["loan_approval", "complaint"],
+        {"loan_approval": 2.0, "complaint": 10.0},
+        records,
+        books=Books.from_ledger(ledger, records),
+        oom_crashes=0,
+        preemptions=0,
+        goodput_tokens_per_s=1000.0,
+        slo_goodput_tokens_per_s=300.0,
+        capacity_tokens_per_s=1250.0,
+        cpu_cores={},
+    )
+    assert figures.busy_fraction == 0.8 and figures.slo_goodput_fraction == 0.24
+    assert figures.answered == {"loan_approval": 3, "complaint": 2}
+    assert figures.rows["all"].within_slo == 3  # records 0, 2 and 5
+    document = figures.to_dict()
+    assert document["slo_goodput_fraction"] == 0.24 and document["answered"]["complaint"] == 2

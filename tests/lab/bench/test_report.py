@@ -9,7 +9,7 @@ from rich.console import Console
 
 from ops.lab.bench.figures import Books, SystemFigures, system_figures
 from ops.lab.bench.plot import PlotSeries, plot_runs
-from ops.lab.bench.report import comparison_table, verdict_lines
+from ops.lab.bench.report import comparison_table, summary_line, verdict_lines
 from ops.lab.bench.timeline import Sample
 from ops.lab.traffic.accounting import Ledger
 from ops.lab.traffic.records import TicketRecord
@@ -53,6 +53,7 @@ def figures(name: str, crashes: int) -> tuple[SystemFigures, list[TicketRecord]]
         oom_crashes=crashes,
         preemptions=0,
         goodput_tokens_per_s=1234.0,
+        slo_goodput_tokens_per_s=700.0,
         capacity_tokens_per_s=2000.0,
         cpu_cores={"harness": 0.2},
     )
@@ -71,6 +72,7 @@ def test_the_table_puts_both_systems_side_by_side_per_type() -> None:
         "latency p99 s",
         "OOM crashes",
         "busy in the surge",
+        "SLO goodput in the surge",
         "retries sent",
     ):
         assert label in text
@@ -80,6 +82,7 @@ def test_the_table_puts_both_systems_side_by_side_per_type() -> None:
     cells = [cell.strip() for cell in crash_line.split("│") if cell.strip()]
     assert cells[-2:] == ["0", "3"]
     assert "62%" in text  # 1234 / 2000 tokens per second
+    assert "35%" in text  # 700 / 2000: the SLO goodput
     assert ours.books.holds and "holds" in text
 
 
@@ -98,6 +101,7 @@ def test_ttft_rows_appear_only_when_the_branches_streamed() -> None:
         oom_crashes=0,
         preemptions=0,
         goodput_tokens_per_s=1.0,
+        slo_goodput_tokens_per_s=1.0,
         capacity_tokens_per_s=2.0,
         cpu_cores={},
     )
@@ -107,6 +111,15 @@ def test_ttft_rows_appear_only_when_the_branches_streamed() -> None:
     console.print(comparison_table([ours], TYPES, "overload"))
     ttft_line = next(line for line in console.export_text().splitlines() if "TTFT p99" in line)
     assert f"{ours.rows['loan_approval'].ttft_p99_s:.2f}" in ttft_line
+
+
+def test_the_summary_line_puts_slo_goodput_beside_busy_and_the_answers() -> None:
+    ours, recs = figures("tidegate", 0)
+    complaints = sum(1 for r in recs if r.type == "complaint" and r.outcome == "done")
+    assert summary_line(ours) == (
+        f"tidegate: busy 62%, SLO goodput 35% of capacity in the surge; answered "
+        f"{ours.answered['loan_approval']} loan_approval, {complaints} complaint"
+    )
 
 
 def test_verdict_lines_mark_each_check() -> None:

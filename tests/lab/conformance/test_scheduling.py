@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from typing import Any
@@ -181,3 +182,52 @@ def test_a_full_kv_cache_preempts_and_every_request_still_completes(endpoint: En
         assert response.json()["usage"]["completion_tokens"] == 260
     assert metric(endpoint, "vllm:num_preemptions_total") > preemptions
     assert peak_usage > 0.75
+
+
+def timed_stream(endpoint: Endpoint, body: dict[str, Any], times: list[float]) -> None:
+    """Stream `body` and note when each chunk arrives."""
+    with requests.post(
+        endpoint.url("/v1/completions"), json=body | {"stream": True}, stream=True, timeout=200
+    ) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if line.startswith(b"data: {"):
+                times.append(time.monotonic())
+
+
+def test_a_full_kv_cache_under_priority_preempts_the_lowest_priority_not_the_newest(
+    endpoint: Endpoint,
+) -> None:
+    """4 sequences of 380 + 260 tokens need 20 blocks of 128; the cache has 16. The first to arrive has
+    priority 5, the three after it 0. vLLM's priority policy preempts the running sequence with the
+    largest (priority, arrival), where fcfs would take the newest: so the first one pauses longest and
+    ends last, and the three others run through."""
+    wait_idle(endpoint)
+    preemptions = metric(endpoint, "vllm:num_preemptions_total")
+    times: dict[int, list[float]] = {index: [] for index in range(endpoint.max_num_seqs)}
+
+    def start(index: int, priority: int) -> threading.Thread:
+        body = {
+            "prompt": prompt_ids(f"victim-{index}", 380, endpoint.vocab_size),
+            "max_tokens": 260,
+            "ignore_eos": True,
+            "priority": priority,
+        }
+        thread = threading.Thread(target=timed_stream, args=(endpoint, body, times[index]))
+        thread.start()
+        return thread
+
+    threads = [start(0, 5)]
+    wait_until(lambda: len(times[0]) >= 3, 30, "the priority-5 request to stream")
+    threads += [start(index, 0) for index in range(1, endpoint.max_num_seqs)]
+    for thread in threads:
+        thread.join(timeout=200)
+    assert all(times.values()), {index: len(chunks) for index, chunks in times.items()}
+    assert metric(endpoint, "vllm:num_preemptions_total") > preemptions
+    ends = {index: chunks[-1] for index, chunks in times.items()}
+    longest_pause = {
+        index: max(later - earlier for earlier, later in itertools.pairwise(chunks))
+        for index, chunks in times.items()
+    }
+    assert ends[0] > max(ends[index] for index in ends if index != 0), ends
+    assert longest_pause[0] == max(longest_pause.values()), longest_pause

@@ -7,11 +7,12 @@ import socket
 import pytest
 from typer.testing import CliRunner
 
+from ops.lab.sim.process import _flag_args
 from tidegate.cli import app
 
 
 def invoke(*args: str) -> tuple[int, str]:
-    result = CliRunner().invoke(app, ["sim-vllm", *args], terminal_width=200)
+    result = CliRunner().invoke(app, ["sim-vllm", *args], terminal_width=200, env={"COLUMNS": "200"})
     return result.exit_code, result.output
 
 
@@ -28,6 +29,10 @@ def test_help_lists_the_flags() -> None:
         "--prefill-tokens-per-s",
         "--decode-step-s",
         "--per-seq-slowdown",
+        "--decode-attention-s",
+        "--prefill-attention-s",
+        "--enable-chunked-prefill",
+        "--no-enable-chunked-prefill",
         "--preemption-mode",
         "--oom-mode",
         "--oom-recovery-s",
@@ -54,6 +59,11 @@ def test_help_lists_the_flags() -> None:
         ),
         (["--kv-blocks", "100000"], "--kv-blocks=100000 does not fit on a NVIDIA A100-SXM4-80GB"),
         (["--oom-mode", "explode"], "explode"),
+        (
+            ["--no-enable-chunked-prefill"],
+            "--max-num-batched-tokens=8192 is smaller than --max-model-len=32768 with chunked prefill off",
+        ),
+        (["--decode-attention-s", "-1"], "--decode-attention-s=-1.0 is not accepted; it must be 0 or more"),
         (["--error-rate", "2"], "--error-rate: error_rate=2.0 is not accepted"),
         (["--error-status", "200"], "--error-status: error_status=200 is not accepted"),
     ],
@@ -69,3 +79,8 @@ def test_a_port_in_use_exits_1() -> None:
         code, output = invoke("--port", str(taken.getsockname()[1]))
     assert code == 1
     assert "cannot listen on 127.0.0.1" in output
+
+
+def test_a_simulator_process_passes_a_false_switch_as_its_no_flag() -> None:
+    args = _flag_args({"enable_chunked_prefill": False, "decode_attention_s": 1e-6, "kv_blocks": None})
+    assert args == ["--no-enable-chunked-prefill", "--decode-attention-s", "1e-06"]
