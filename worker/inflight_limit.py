@@ -1,7 +1,11 @@
 """The worker's in-flight limit and what one claim may take: one decision, in one place.
 
 The limit is the smallest of what memory allows (the batch sizer: free GPU memory, vLLM's KV cache,
-`max_batch`) and what latency allows (the adaptive limit, when on). Critical types keep a reserved
+`max_batch`) and what latency allows (the adaptive limit, when on). Latency comes from two sources,
+each judged against its own baseline by a limiter of its own: the worker's streams, and vLLM's
+histograms. Their scales differ (the network and the stream's parsing are in one and not the other;
+a simulator's histograms run on its simulated clock), so one average over both would take every
+switch between them for a change in latency. Critical types keep a reserved
 share of that limit and of the KV budget (`headroom.py`); the latency guard's cap, when in force,
 bounds the others further; and the prefill guard bounds the prompt tokens of non-critical tickets
 still in prefill, so a burst of long prompts cannot take every engine step. Whatever changes the
@@ -83,12 +87,16 @@ class InflightLimit:
         sizer: BatchSizer,
         headroom: CriticalHeadroom,
         adaptive: ConcurrencyLimit | None = None,
+        engine_adaptive: ConcurrencyLimit | None = None,
         latency_guard: LatencyGuard | None = None,
         prefill_guard_tokens: int = 0,
     ) -> None:
         self.sizer = sizer
         self.headroom = headroom
         self.adaptive = adaptive
+        """Fed by the worker's own answers."""
+        self.engine_adaptive = engine_adaptive
+        """Fed by vLLM's histograms."""
         self.latency_guard = latency_guard
         self.prefill_guard_tokens = prefill_guard_tokens
         self._last_engine: VllmMetrics | None = None
@@ -96,7 +104,9 @@ class InflightLimit:
 
     @property
     def adaptive_limit(self) -> int | None:
-        return None if self.adaptive is None else self.adaptive.limit
+        """The smaller of what either latency source allows; None when both are off."""
+        limits = [x.limit for x in (self.adaptive, self.engine_adaptive) if x is not None]
+        return min(limits) if limits else None
 
     @property
     def limit(self) -> int:
@@ -106,25 +116,31 @@ class InflightLimit:
 
     def observe_answer(self, completion: Completion) -> None:
         tpot, per_prompt = answer_latency(completion)
-        self._observe(tpot, per_prompt, "answer")
+        self._observe(self.adaptive, tpot, per_prompt, "answer")
 
     def observe_engine(self, metrics: VllmMetrics | None) -> None:
         """Feed the means of vLLM's histograms since the last sample (they move while answers are
         still running, when no answer has finished to say so)."""
-        if metrics is None:
+        if metrics is None or self.engine_adaptive is None:
             return
         with self._lock:
             before, self._last_engine = self._last_engine, metrics
         latency = engine_latency(before, metrics)
         if latency is not None:
-            self._observe(latency.tpot_seconds, latency.ttft_per_prompt_token, "vLLM histograms")
+            self._observe(
+                self.engine_adaptive, latency.tpot_seconds, latency.ttft_per_prompt_token, "vLLM histograms"
+            )
 
-    def _observe(self, tpot: float | None, per_prompt: float | None, source: str) -> None:
-        if self.adaptive is None or (tpot is None and per_prompt is None):
+    def _observe(
+        self, limiter: ConcurrencyLimit | None, tpot: float | None, per_prompt: float | None, source: str
+    ) -> None:
+        if limiter is None or (tpot is None and per_prompt is None):
             return
-        before = self.adaptive.limit
-        changed = self.adaptive.observe(tpot_seconds=tpot, ttft_per_prompt_token=per_prompt)
-        if changed is None:
+        with self._lock:  # so each change of the smaller of the two is logged once
+            before = self.adaptive_limit
+            limiter.observe(tpot_seconds=tpot, ttft_per_prompt_token=per_prompt)
+            changed = self.adaptive_limit
+        if changed == before or changed is None or before is None:
             return
         log.info(
             "concurrency limit %d -> %d (%s: %s per output token, %s to first token per prompt token)",

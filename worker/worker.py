@@ -86,6 +86,7 @@ def _limits(
         sizer=sizer,
         headroom=headroom,
         adaptive=adaptive_limiter(config.max_batch) if config.adaptive_limit else None,
+        engine_adaptive=adaptive_limiter(config.max_batch) if config.adaptive_limit else None,
         latency_guard=guard,
         prefill_guard_tokens=config.prefill_guard_tokens,
     )

@@ -73,6 +73,6 @@ def test_switched_off_there_is_no_adaptive_limit(
     fast_queue: TicketQueue,
 ) -> None:
     running = start_worker(simulator().base_url, max_batch=MAX_BATCH, adaptive_limit=False)
-    assert running.worker.limits.adaptive is None
+    assert running.worker.limits.adaptive is None and running.worker.limits.engine_adaptive is None
     assert running.worker.limits.limit == running.worker.sizer.limit
     assert gauge(running) is None

@@ -32,11 +32,12 @@ def completion(*, ttft: float, tpot: float, prompt: int = 400, tokens: int = 101
 
 def limits(prefill_guard_tokens: int = 0, headroom: float = 0.25) -> InflightLimit:
     sizer = BatchSizer(kv_bytes_per_token=1, max_batch=MAX_BATCH)
-    limiter = ConcurrencyLimit(LimiterSettings(min_limit=2, max_limit=MAX_BATCH))
+    settings = LimiterSettings(min_limit=2, max_limit=MAX_BATCH)
     return InflightLimit(
         sizer=sizer,
         headroom=CriticalHeadroom(share=headroom),
-        adaptive=limiter,
+        adaptive=ConcurrencyLimit(settings),
+        engine_adaptive=ConcurrencyLimit(settings),
         prefill_guard_tokens=prefill_guard_tokens,
     )
 
@@ -139,6 +140,18 @@ def test_vllm_histograms_give_the_means_of_the_interval_between_two_samples() ->
     assert latency.ttft_per_prompt_token == pytest.approx(2.0 / 4_000)
     assert engine_latency(None, after) is None
     assert engine_latency(after, after) is None, "nothing happened in between: nothing to say"
+
+
+def test_answers_and_vllm_on_different_clocks_are_each_judged_by_their_own_baseline() -> None:
+    """A simulator's histograms run on its simulated clock: four times the worker's at time scale 4."""
+    limit = limits()
+    tokens, itl = 0.0, 0.0
+    for _ in range(30):
+        for _ in range(10):
+            limit.observe_answer(completion(ttft=0.05, tpot=0.002))
+        tokens, itl = tokens + 500, itl + 500 * 0.008
+        limit.observe_engine(sample(prompts=0, requests=0, ttft=0, tokens=tokens, itl=itl))
+    assert limit.limit == MAX_BATCH
 
 
 def test_an_engine_slowing_down_lowers_the_limit_between_answers() -> None:
