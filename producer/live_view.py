@@ -68,17 +68,23 @@ def _dash(value: object) -> str:
 
 
 def workers_panel(
-    workers: Sequence[WorkerFigures], gpus: Sequence[str] | None = None, caps: Sequence[int | None] = ()
+    workers: Sequence[WorkerFigures],
+    gpus: Sequence[str] | None = None,
+    caps: Sequence[int | None] = (),
+    limits: Sequence[int | None] = (),
 ) -> Panel:
     """Batch limit, in flight, KV cache (a bar coloured by how full) and GPU free memory per worker.
 
-    `gpus` and `caps` (the latency guard's concurrency cap), when given, add their columns.
+    `gpus`, `limits` (the adaptive concurrency limit) and `caps` (the latency guard's cap), when
+    given, add their columns.
     """
     table = Table(header_style="bold", expand=False, box=None)
     table.add_column("worker")
     if gpus is not None:
         table.add_column("GPU")
     table.add_column("batch limit", justify="right")
+    if limits:
+        table.add_column("concurrency limit", justify="right")
     if caps:
         table.add_column("concurrency cap", justify="right")
     table.add_column("in flight", justify="right")
@@ -92,6 +98,8 @@ def workers_panel(
         if gpus is not None:
             row.append(gpus[i])
         row.append(_dash(w.batch_limit))
+        if limits:
+            row.append(_dash(limits[i]))
         if caps:
             row.append(_dash(caps[i]))
         row += [
@@ -179,7 +187,12 @@ def render_status(doc: dict[str, Any], refreshed_at: float | None = None) -> Gro
     """`tidegate status` from `producer.status.operator_status`: level in its colour, types, workers,
     the last transitions and events, and when this was read."""
     rows = _worker_rows(doc)
-    workers = workers_panel(rows, gpus=[w.gpu for w in rows], caps=[w.concurrency_cap for w in rows])
+    workers = workers_panel(
+        rows,
+        gpus=[w.gpu for w in rows],
+        caps=[w.concurrency_cap for w in rows],
+        limits=[w.concurrency_limit for w in rows],
+    )
     transitions = Table("time", "alarm transition", "depth", title="last transitions", title_justify="left")
     for event in doc["transitions"]:
         transitions.add_row(

@@ -37,6 +37,7 @@ def worker_doc(worker: WorkerView) -> dict[str, Any]:
         "inflight": worker.inflight,
         "batch_limit": worker.batch_limit,
         "concurrency_cap": worker.concurrency_cap,
+        "concurrency_limit": worker.concurrency_limit,
         "kv_usage": worker.kv_usage,
         "gpu_free_bytes": worker.gpu_free_bytes,
         "gpu_total_bytes": worker.gpu_total_bytes,

@@ -66,6 +66,22 @@ class Settings(BaseSettings):
         default=False,
         description="while service is degraded, workers cap other work so critical answers fit their SLO",
     )
+    adaptive_limit: bool = Field(
+        default=True,
+        description="workers lower their in-flight limit while per-token latency (time to first token "
+        "per prompt token, time per output token) rises, and raise it again when it falls",
+    )
+    preemption: bool = Field(
+        default=True,
+        description="a worker at its limit puts its newest non-critical ticket back in the queue (no "
+        "attempt used) so a waiting critical ticket starts now",
+    )
+    prefill_guard_tokens: int = Field(
+        default=8192,
+        ge=0,
+        description="most prompt tokens of non-critical tickets a worker keeps in prefill at once, so "
+        "long prompts cannot stall every decode step; 0 = no bound",
+    )
     lease_seconds: float | None = Field(
         default=None, gt=0, description="lease of a claimed ticket (default: the policy's)"
     )

@@ -32,6 +32,8 @@ class WorkerView:
     concurrency_cap: int | None = None
     """The latency guard's cap on concurrent non-critical tickets, when one is in force."""
     state: str = ""
+    concurrency_limit: int | None = None
+    """The adaptive in-flight limit from per-token latency, when the worker runs one."""
 
     @property
     def kv_free(self) -> float | None:
@@ -68,6 +70,7 @@ def _view(worker_id: str, deadline: float, raw: dict[str, str]) -> WorkerView:
         heartbeat_deadline=deadline,
         concurrency_cap=_int(raw, "normal_cap"),
         state=raw.get("state", ""),
+        concurrency_limit=_int(raw, "concurrency_limit"),
     )
 
 

@@ -94,6 +94,12 @@ VLLM_ERRORS = Counter(
     ["worker", "kind"],
 )
 
+PREEMPTIONS = Counter(
+    "tidegate_preemptions",
+    "Running tickets a worker put back in the queue (no attempt used) to start a waiting critical one.",
+    ["worker", "type"],
+)
+
 
 # ---- read from Redis at scrape time ----------------------------------------------------------------
 class RedisStateCollector(Collector):
@@ -268,6 +274,11 @@ def _worker_families(workers: list[WorkerView]) -> list[Metric]:
         ("tidegate_gpu_total_bytes", "Total GPU memory the worker reports.", "gpu_total_bytes"),
         ("tidegate_kv_cache_usage_ratio", "Fraction of vLLM's KV cache in use (0..1).", "kv_usage"),
         ("tidegate_worker_inflight", "Tickets the worker is running.", "inflight"),
+        (
+            "tidegate_concurrency_limit",
+            "In-flight limit the worker's per-token latency allows (adaptive limit).",
+            "concurrency_limit",
+        ),
     )
     out: list[Metric] = []
     for name, documentation, attr in specs:

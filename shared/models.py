@@ -208,6 +208,8 @@ class Ticket(BaseModel):
     first_token_at: float | None = None
     attempts: int = 0
     max_attempts: int = 1
+    preemptions: int = 0
+    """Times a worker put it back, unstarted by its count, to make room for a critical ticket."""
     worker: str | None = None
     route: str | None = None
     result: str | None = None

@@ -149,12 +149,15 @@ class TicketQueue:
         take_first_over_budget: bool = True,
         normal_count: int | None = None,
         normal_budget: int | None = None,
+        normal_prompt_budget: int = 0,
+        normal_prompt_first_over: bool = True,
     ) -> list[ClaimedTicket]:
         """Lease up to `max_count` tickets in priority order, within `token_budget` (0 = none).
 
         `normal_count` and `normal_budget` (default: the whole count and budget) bound the tickets
         of types the policy does not mark `critical`; the rest is headroom only critical tickets at
-        the head of the queue may take.
+        the head of the queue may take. `normal_prompt_budget` (0 = none) bounds their prompt
+        tokens (the prefill guard); `normal_prompt_first_over` lets the first of them exceed it.
         """
         if max_count < 1:
             return []
@@ -185,6 +188,8 @@ class TicketQueue:
                 *types,
                 max_count if normal_count is None else min(normal_count, max_count),
                 token_budget if normal_budget is None else min(normal_budget, token_budget),
+                max(normal_prompt_budget, 0),
+                "1" if normal_prompt_first_over else "0",
                 *critical,
             ],
         )
@@ -319,6 +324,45 @@ class TicketQueue:
                 ],
             )
         )
+
+    def preempt(
+        self, ticket_id: str, token: str, ticket_type: str, reason: str, *, max_preemptions: int
+    ) -> str:
+        """Put a running ticket back at its score to make room for a critical one (no attempt used):
+        "requeued" | "exhausted" (preempted `max_preemptions` times: left running) | "expired" | "stale:…"."""
+        return str(
+            self.scripts.preempt(
+                keys=[
+                    self.keys.ticket(ticket_id),
+                    self.keys.inflight,
+                    self.keys.pending,
+                    self.keys.deadlines,
+                    self.keys.waiting(ticket_type),
+                    self.keys.branch_depth(ticket_type),
+                    self.keys.counts,
+                    self.keys.outbox,
+                    self.keys.wake,
+                ],
+                args=[
+                    ticket_id,
+                    token,
+                    repr(clock.now()),
+                    max_preemptions,
+                    reason,
+                    self.policy.queue.retention_spec,
+                    WAKE_LIST_CAP,
+                ],
+            )
+        )
+
+    def head_type(self) -> str | None:
+        """The type of the ticket at the head of the pending set (None when it is empty): a full
+        worker reads it to tell whether a critical ticket is waiting. Advisory, not atomic."""
+        head = cast("list[str]", self.redis.zrange(self.keys.pending, 0, 0))
+        if not head:
+            return None
+        ticket_type = self.redis.hget(self.keys.ticket(head[0]), "type")
+        return None if ticket_type is None else str(ticket_type)
 
     # ---- maintenance ------------------------------------------------------------------------
     def reap(self, owner: str, interval_seconds: float = 1.0, limit: int = 1000) -> ReapResult:

@@ -20,6 +20,7 @@ SCRIPT_NAMES = (
     "claim",
     "finish",
     "retry",
+    "preempt",
     "extend",
     "cancel",
     "reap",
@@ -49,6 +50,7 @@ class Scripts:
     claim: Script
     finish: Script
     retry: Script
+    preempt: Script
     extend: Script
     cancel: Script
     reap: Script

@@ -2,7 +2,9 @@
 each one finishes, so one long ticket never holds a batch of short ones back.
 
 Claims are atomic and in priority order (the claim script), sized by free slots and by a token
-budget so one long ticket counts as many short ones; a share of both is kept for critical types.
+budget so one long ticket counts as many short ones; a share of both is kept for critical types and
+the prefill guard bounds long prompts (`inflight_limit.py` decides it all). At the limit, a
+critical ticket at the head of the queue preempts the newest other one (`preemption.py`).
 With nothing to claim the loop blocks on the queue's wake list (not polling) for at most `block_seconds` or until the next retry is due;
 with no free slot it waits for a ticket to leave. After a vLLM failure it pauses and then probes
 with a single ticket until vLLM answers again.
@@ -22,14 +24,17 @@ from worker.batch_sizer import BatchSizer
 from worker.breaker_gate import BreakerGate, Gate
 from worker.headroom import CriticalHeadroom
 from worker.inflight import InFlight, RunningTicket
-from worker.latency_guard import LatencyGuard
+from worker.inflight_limit import InflightLimit
+from worker.preemption import Preemptor
 from worker.queue_set import Queues
 from worker.result_writer import ResultWriter
 from worker.vllm_health import VllmHealth
 
 log = logging.getLogger(__name__)
 
-NO_HEADROOM = CriticalHeadroom(share=0.0)
+PREEMPT_CHECK_SECONDS = 0.1
+"""How often a full worker with preemption on looks for a critical ticket at the head of the queue
+(a new ticket wakes idle workers only): the longest a loan waits for its preemption to begin."""
 
 
 class ClaimLoop:
@@ -48,8 +53,8 @@ class ClaimLoop:
         lease_seconds: float,
         block_seconds: float,
         burst: bool,
-        headroom: CriticalHeadroom | None = None,
-        latency_guard: LatencyGuard | None = None,
+        limits: InflightLimit | None = None,
+        preemptor: Preemptor | None = None,
         breakers: BreakerGate | None = None,
     ) -> None:
         self.queue = queue
@@ -64,8 +69,9 @@ class ClaimLoop:
         self.lease_seconds = lease_seconds
         self.block_seconds = block_seconds
         self.burst = burst
-        self.headroom = headroom or NO_HEADROOM
-        self.latency_guard = latency_guard
+        self.limits = limits or InflightLimit(sizer=sizer, headroom=CriticalHeadroom(share=0.0))
+        self.preemptor = preemptor
+        self.critical = frozenset(queue.policy.critical_types)
         self.breakers = breakers
         self.claimed_total = 0
         self._probe = False
@@ -94,10 +100,10 @@ class ClaimLoop:
             return False
         running = self.inflight.count()
         half_open = gate[0] is Gate.PROBE
-        limit = 1 if self.health.failing or half_open else self.sizer.limit
+        limit = 1 if self.health.failing or half_open else self.limits.limit
         free = limit - running
         if free <= 0:
-            self.inflight.wait_for_departure(self.block_seconds)
+            self._wait_at_limit(preempt=not half_open and not self.health.failing)
             return False
         budget = self.sizer.token_budget(self.inflight.reserved_tokens())
         if budget is not None and budget <= 0 and running > 0:
@@ -108,13 +114,7 @@ class ClaimLoop:
                 self.stop.wait(min(0.5, self.block_seconds))  # another worker is probing
                 return False
             self._probe = True
-        shares = self.headroom.split(
-            limit,
-            running,
-            0 if budget is None else max(budget, 1),
-            self.sizer.usable_kv_tokens(),
-            normal_cap=self.latency_guard.cap if self.latency_guard is not None else None,
-        )
+        shares = self.limits.shares(limit, running, budget, self.inflight.prefill_tokens(self.critical))
         claimed = self.queue.claim(
             self.worker_id,
             shares.count,
@@ -123,6 +123,8 @@ class ClaimLoop:
             take_first_over_budget=running == 0,
             normal_count=shares.normal_count,
             normal_budget=shares.normal_budget,
+            normal_prompt_budget=shares.normal_prompt_budget,
+            normal_prompt_first_over=shares.normal_prompt_first_over,
         )
         if claimed:
             self._start_all(claimed)
@@ -130,6 +132,14 @@ class ClaimLoop:
         if self._probe and self.breakers is not None:
             self.breakers.release_probe()  # nothing to probe with: let the next claimer try
         return self._idle(running, budget)
+
+    def _wait_at_limit(self, *, preempt: bool) -> None:
+        """No free slot: wait for a departure, preempting for a critical ticket when one waits."""
+        if self.preemptor is None or not preempt:
+            self.inflight.wait_for_departure(self.block_seconds)
+            return
+        self.preemptor.make_room()
+        self.inflight.wait_for_departure(min(PREEMPT_CHECK_SECONDS, self.block_seconds))
 
     def _start_all(self, claimed: list[ClaimedTicket]) -> None:
         for item in claimed:

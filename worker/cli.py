@@ -74,6 +74,17 @@ def worker(
             help=setting_help("slo_guard"),
         ),
     ] = None,
+    adaptive_limit: Annotated[
+        bool | None,
+        typer.Option("--adaptive-limit/--no-adaptive-limit", help=setting_help("adaptive_limit")),
+    ] = None,
+    preemption: Annotated[
+        bool | None,
+        typer.Option("--preemption/--no-preemption", help=setting_help("preemption")),
+    ] = None,
+    prefill_guard_tokens: Annotated[
+        int | None, typer.Option(help=setting_help("prefill_guard_tokens"))
+    ] = None,
     lease_seconds: Annotated[float | None, typer.Option(help=setting_help("lease_seconds"))] = None,
     grace_seconds: Annotated[
         float, typer.Option(help="On SIGTERM, time running tickets get to finish.")
@@ -130,6 +141,9 @@ def worker(
         kv_high_watermark=kv_high_watermark,
         critical_headroom=critical_headroom,
         slo_guard=slo_guard,
+        adaptive_limit=adaptive_limit,
+        preemption=preemption,
+        prefill_guard_tokens=prefill_guard_tokens,
         lease_seconds=lease_seconds,
     )
     urls = given_urls or [settings.vllm_url]
@@ -172,6 +186,9 @@ def worker(
             kv_high_watermark=settings.kv_high_watermark,
             critical_headroom=settings.critical_headroom,
             slo_guard=settings.slo_guard,
+            adaptive_limit=settings.adaptive_limit,
+            preemption=settings.preemption,
+            prefill_guard_tokens=settings.prefill_guard_tokens,
             lease_seconds=settings.policy.queue.lease_seconds,
             grace_seconds=grace_seconds,
             burst=burst,
@@ -298,6 +315,10 @@ def _child_args(
         "--critical-headroom",
         repr(settings.critical_headroom),
         "--slo-guard" if settings.slo_guard else "--no-slo-guard",
+        "--adaptive-limit" if settings.adaptive_limit else "--no-adaptive-limit",
+        "--preemption" if settings.preemption else "--no-preemption",
+        "--prefill-guard-tokens",
+        str(settings.prefill_guard_tokens),
         "--lease-seconds",
         repr(settings.policy.queue.lease_seconds),
         "--grace-seconds",

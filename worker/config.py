@@ -27,6 +27,14 @@ class WorkerConfig:
     """Share of the batch limit and KV budget only critical ticket types may use."""
     slo_guard: bool = False
     """While service is degraded, cap other work so critical answers fit their SLO (latency_guard)."""
+    adaptive_limit: bool = True
+    """Bound the in-flight limit by per-token latency too (`worker/concurrency_limit.py`)."""
+    preemption: bool = True
+    """At the limit, put the newest non-critical ticket back for a waiting critical one."""
+    max_preemptions: int = 2
+    """Times one ticket may be put back; after that it runs to the end."""
+    prefill_guard_tokens: int = 8192
+    """Most prompt tokens of non-critical tickets in prefill at once; 0 = no bound."""
     lease_seconds: float = 30.0
     grace_seconds: float = 30.0
     burst: bool = False
@@ -48,6 +56,8 @@ class WorkerConfig:
             "safety_margin": (0 <= self.safety_margin < 1, "0 ≤ margin < 1"),
             "kv_high_watermark": (0 < self.kv_high_watermark <= 1, "0 < watermark ≤ 1"),
             "critical_headroom": (0 <= self.critical_headroom < 1, "0 ≤ share < 1"),
+            "max_preemptions": (self.max_preemptions >= 0, "0 or more"),
+            "prefill_guard_tokens": (self.prefill_guard_tokens >= 0, "0 or more (0 = no bound)"),
             "lease_seconds": (self.lease_seconds > 0, "more than 0"),
             "grace_seconds": (self.grace_seconds >= 0, "0 or more"),
             "heartbeat_seconds": (self.heartbeat_seconds > 0, "more than 0"),

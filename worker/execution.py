@@ -8,6 +8,7 @@ in-flight set, so none is ever stuck `running` on a live worker.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import redis
@@ -18,8 +19,10 @@ from shared.policy import Policy
 from worker import telemetry
 from worker.breaker_gate import BreakerGate
 from worker.inflight import AbortReason, InFlight, RunningTicket
+from worker.inflight_limit import InflightLimit
 from worker.latency_guard import LatencyGuard
 from worker.live_publisher import LivePublisher
+from worker.preemption import Preemptor
 from worker.queue_set import QueueSet
 from worker.result_writer import ResultWriter
 from worker.rollout_routing import ArmClient, RolloutRouter
@@ -27,6 +30,9 @@ from worker.vllm_client import RequestAborted, VllmClient, VllmError
 from worker.vllm_health import VllmHealth
 
 log = logging.getLogger(__name__)
+
+PREEMPTED_WORDS = "preempted to make room for a critical ticket; the answer starts over"
+"""What a streaming reader is told when its partial answer is discarded."""
 
 
 def capped_max_tokens(running: RunningTicket, policy: Policy, degraded: bool) -> int:
@@ -57,6 +63,9 @@ class Executor:
     latency_guard: LatencyGuard | None = None
     breakers: BreakerGate | None = None
     rollout: RolloutRouter | None = None
+    limits: InflightLimit | None = None
+    """Fed each primary answer's latency (the adaptive limit)."""
+    preemptor: Preemptor | None = None
 
     def client_for(self, running: RunningTicket) -> VllmClient | ArmClient:
         """The endpoint of this attempt, chosen once: it finishes there whatever changes meanwhile.
@@ -119,7 +128,7 @@ class Executor:
         client = self.client_for(running)
         max_tokens = capped_max_tokens(running, self.policy, self.degraded)
         live = self._publisher(running)
-        on_text = live.token if live is not None and running.ticket.live == "tokens" else None
+        on_text = self._on_text(running, live)
         try:
             with tracing.span("vllm.completion", kind="client", attributes={"server.url": client.base_url}):
                 completion = client.run(
@@ -128,7 +137,12 @@ class Executor:
         except RequestAborted as aborted:
             outcome = self._after_abort(running, aborted.reason)
             if live is not None and outcome is not None:
-                self._publish_outcome(live, outcome, f"request aborted ({aborted.reason})")
+                words = (
+                    PREEMPTED_WORDS
+                    if aborted.reason == AbortReason.PREEMPTED
+                    else f"request aborted ({aborted.reason})"
+                )
+                self._publish_outcome(live, outcome, words)
             return
         except VllmError as error:
             telemetry.count_vllm_error(self.worker_id, error.kind.value)
@@ -158,6 +172,8 @@ class Executor:
             return
         self.health.success()
         self._record(client, running, ok=True)
+        if self.limits is not None and client is self.primary:
+            self.limits.observe_answer(completion)
         if not self.writer.done(running, completion):
             return
         if live is not None:
@@ -172,10 +188,26 @@ class Executor:
                 run_seconds=completion.total_seconds, critical=self.policy.is_critical(running.ticket.type)
             )
 
+    def _on_text(self, running: RunningTicket, live: LivePublisher | None) -> Callable[[str], None]:
+        """Each piece of the answer: to the live stream when it has one; the first also tells the
+        in-flight set the ticket left prefill (the prefill guard counts prompts still in it)."""
+        relay = live.token if live is not None and running.ticket.live == "tokens" else None
+        first = True
+
+        def on_text(text: str) -> None:
+            nonlocal first
+            if first:
+                first = False
+                self.inflight.first_token()
+            if relay is not None:
+                relay(text)
+
+        return on_text
+
     @staticmethod
     def _publish_outcome(live: LivePublisher, outcome: str, error: str) -> None:
         """A retry outcome as the live stream's reader needs it: start over, or the ticket ended."""
-        if outcome == "retry":
+        if outcome in ("retry", "requeued"):
             live.retry(error)
         elif not outcome.startswith("stale"):
             live.end(outcome, error=error)
@@ -186,6 +218,11 @@ class Executor:
             return self.writer.give_back(running, "worker shutting down before the answer was complete")
         if reason == AbortReason.EXPIRED:
             return self.writer.expire(running)
+        if reason == AbortReason.PREEMPTED:
+            outcome = self.preemptor.requeue(running) if self.preemptor is not None else "exhausted"
+            if outcome == "exhausted":  # preempted too often meanwhile: back without its turn lost
+                return self.writer.give_back(running, "preempted to start a critical ticket")
+            return outcome
         # Cancelled or taken over: the ticket's state is someone else's to write.
         log.info(
             "ticket %s: request aborted (%s)",

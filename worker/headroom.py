@@ -20,6 +20,10 @@ class ClaimShares:
     normal_count: int
     budget: int
     normal_budget: int
+    normal_prompt_budget: int = 0
+    """Prompt tokens the non-critical tickets of this claim may bring (the prefill guard); 0 = any."""
+    normal_prompt_first_over: bool = True
+    """Whether the first of them may exceed it (none is in prefill, so one long prompt still runs)."""
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """The worker's periodic chores, on one thread: reap, resize, read the monitor, heartbeat.
 
 - reap every second (lock-guarded in Redis, so many workers calling it cost one sweep);
-- sample GPU memory and vLLM's `/metrics` every `resize_seconds` and recompute the batch limit;
+- sample GPU memory and vLLM's `/metrics` every `resize_seconds`, recompute the batch limit and feed
+  vLLM's latency histograms to the adaptive limit;
 - read whether service is degraded (the control state admission reads; caps max_tokens);
 - write the heartbeat with the figures the monitor and admission read;
 - read every endpoint's served model every 30 s, to pair fallbacks by model version.
@@ -23,6 +24,7 @@ from shared.control import read_control_state
 from worker.batch_sizer import BatchSizer, SizerInputs
 from worker.gpu_memory import GpuBackendError, GpuMemory, GpuMemoryProvider
 from worker.inflight import InFlight
+from worker.inflight_limit import InflightLimit
 from worker.latency_guard import LatencyGuard
 from worker.queue_set import Queues, RegistrySet
 from worker.registry import WorkerRegistry
@@ -60,6 +62,7 @@ class Housekeeping:
         info: Callable[[], dict[str, str | int | float | None]],
         on_degraded: Callable[[bool], None],
         latency_guard: LatencyGuard | None = None,
+        limits: InflightLimit | None = None,
         pair_fallbacks: Callable[[], None] | None = None,
     ) -> None:
         self.queue = queue
@@ -75,6 +78,7 @@ class Housekeeping:
         self.info = info
         self.on_degraded = on_degraded
         self.latency_guard = latency_guard
+        self.limits = limits
         self.pair_fallbacks = pair_fallbacks
         self.observed = Observed()
         self._failing: set[str] = set()
@@ -151,6 +155,8 @@ class Housekeeping:
                 own_reserved_tokens=self.inflight.reserved_tokens(),
             )
         )
+        if self.limits is not None:
+            self.limits.observe_engine(vllm)
         if self.latency_guard is not None:
             self.latency_guard.update(self.sizer.limit)
 

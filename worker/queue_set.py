@@ -78,13 +78,17 @@ class QueueSet:
         take_first_over_budget: bool = True,
         normal_count: int | None = None,
         normal_budget: int | None = None,
+        normal_prompt_budget: int = 0,
+        normal_prompt_first_over: bool = True,
     ) -> list[ClaimedTicket]:
-        """Claim in queue order within one count and budget; a later queue only once the earlier
-        ones have nothing ready, so a ticket of an earlier queue is never passed over."""
+        """Claim in queue order within one count and budget (and the prefill guard's prompt
+        budget); a later queue only once the earlier ones have nothing ready, so a ticket of an
+        earlier queue is never passed over."""
         out: list[ClaimedTicket] = []
         count, budget = max_count, token_budget
         normal_left = max_count if normal_count is None else normal_count
         normal_tokens = token_budget if normal_budget is None else normal_budget
+        prompts, first_over = normal_prompt_budget, normal_prompt_first_over
         for index, queue in enumerate(self.queues):
             if index > 0 and (count < 1 or queue_has_ready(self.queues[index - 1])):
                 break
@@ -96,6 +100,8 @@ class QueueSet:
                 take_first_over_budget=take_first_over_budget and not out,
                 normal_count=max(normal_left, 0),
                 normal_budget=max(normal_tokens, 0),
+                normal_prompt_budget=max(prompts, 1) if normal_prompt_budget > 0 else 0,
+                normal_prompt_first_over=first_over,
             )
             with self._lock:
                 for item in got:
@@ -107,8 +113,28 @@ class QueueSet:
                 if not self.policy.is_critical(item.ticket.type):
                     normal_left -= 1
                     normal_tokens -= cost
+                    prompts -= item.ticket.prompt_tokens_estimate
+                    first_over = False
             out += got
         return out
+
+    def head_type(self) -> str | None:
+        """The type at the head of the first queue with a ticket ready: the next one claimed."""
+        for queue in self.queues:
+            head = queue.head_type()
+            if head is not None:
+                return head
+        return None
+
+    def preempt(
+        self, ticket_id: str, token: str, ticket_type: str, reason: str, *, max_preemptions: int
+    ) -> str:
+        outcome = self.owner(ticket_id).preempt(
+            ticket_id, token, ticket_type, reason, max_preemptions=max_preemptions
+        )
+        if outcome != "exhausted":  # no longer ours; an exhausted one still runs here
+            self._forget(ticket_id)
+        return outcome
 
     def sizes(self) -> tuple[int, int, int]:
         """(pending, delayed, in flight) summed over the queues."""

@@ -49,6 +49,8 @@ class GaugeSnapshot:
     kv_usage: float | None
     gpu_free_bytes: int | None
     gpu_total_bytes: int | None
+    concurrency_limit: int | None = None
+    """The adaptive limit from per-token latency; None when it is switched off."""
 
 
 class WorkerGauges(Collector):
@@ -66,6 +68,11 @@ class WorkerGauges(Collector):
         specs: tuple[tuple[str, str, float | None], ...] = (
             ("tidegate_batch_limit", "In-flight batch limit the worker's sizer allows.", state.batch_limit),
             ("tidegate_worker_inflight", "Tickets the worker is running.", state.inflight),
+            (
+                "tidegate_concurrency_limit",
+                "In-flight limit the worker's per-token latency allows (adaptive limit).",
+                state.concurrency_limit,
+            ),
             ("tidegate_kv_cache_usage_ratio", "Fraction of vLLM's KV cache in use (0..1).", state.kv_usage),
             ("tidegate_gpu_free_bytes", "Free GPU memory the worker reports.", state.gpu_free_bytes),
             ("tidegate_gpu_total_bytes", "Total GPU memory the worker reports.", state.gpu_total_bytes),

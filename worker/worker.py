@@ -37,8 +37,10 @@ from worker.gpu_memory import GpuMemoryProvider
 from worker.headroom import CriticalHeadroom
 from worker.housekeeping import Housekeeping
 from worker.inflight import AbortReason, InFlight, RunningTicket
+from worker.inflight_limit import InflightLimit, adaptive_limiter
 from worker.latency_guard import LatencyGuard
 from worker.leases import LeaseKeeper
+from worker.preemption import Preemptor
 from worker.queue_set import Queues, QueueSet, RegistrySet
 from worker.registry import WorkerRegistry
 from worker.result_writer import ResultWriter
@@ -74,6 +76,19 @@ def _latency_guard(config: WorkerConfig, policy: Policy, headroom: CriticalHeadr
         return None
     return LatencyGuard(
         slo_seconds=policy.critical_slo_seconds, max_batch=config.max_batch, headroom=headroom
+    )
+
+
+def _limits(
+    config: WorkerConfig, sizer: BatchSizer, headroom: CriticalHeadroom, guard: LatencyGuard | None
+) -> InflightLimit:
+    return InflightLimit(
+        sizer=sizer,
+        headroom=headroom,
+        adaptive=adaptive_limiter(config.max_batch) if config.adaptive_limit else None,
+        engine_adaptive=adaptive_limiter(config.max_batch) if config.adaptive_limit else None,
+        latency_guard=guard,
+        prefill_guard_tokens=config.prefill_guard_tokens,
     )
 
 
@@ -117,6 +132,17 @@ class Worker:
         )
         headroom = CriticalHeadroom(share=config.critical_headroom)
         self.latency_guard = _latency_guard(config, policy, headroom)
+        self.limits = _limits(config, self.sizer, headroom, self.latency_guard)
+        self.preemptor = (
+            Preemptor(
+                queue=self.queues,
+                inflight=self.inflight,
+                worker_id=config.worker_id,
+                max_preemptions=config.max_preemptions,
+            )
+            if config.preemption
+            else None
+        )
         self.executor = Executor(
             worker_id=config.worker_id,
             policy=policy,
@@ -128,9 +154,11 @@ class Worker:
             latency_guard=self.latency_guard,
             breakers=self.breakers,
             rollout=self.rollout,
+            limits=self.limits,
+            preemptor=self.preemptor,
         )
         self.pool = ThreadPoolExecutor(max_workers=config.max_batch, thread_name_prefix="ticket")
-        self.claim_loop = self._claim_loop(headroom)
+        self.claim_loop = self._claim_loop()
         self.leases = LeaseKeeper(self.queues, self.inflight, config.lease_seconds)
         self.registry: WorkerRegistry | RegistrySet = (
             RegistrySet(redis, self.queues, config.worker_id, config.heartbeat_seconds)
@@ -141,7 +169,7 @@ class Worker:
         self.started_at = clock.now()
         self.draining = False
 
-    def _claim_loop(self, headroom: CriticalHeadroom) -> ClaimLoop:
+    def _claim_loop(self) -> ClaimLoop:
         return ClaimLoop(
             queue=self.queues,
             worker_id=self.config.worker_id,
@@ -155,8 +183,8 @@ class Worker:
             lease_seconds=self.config.lease_seconds,
             block_seconds=self.config.block_seconds,
             burst=self.config.burst,
-            headroom=headroom,
-            latency_guard=self.latency_guard,
+            limits=self.limits,
+            preemptor=self.preemptor,
             breakers=self.breakers,
         )
 
@@ -175,6 +203,7 @@ class Worker:
             info=self._registry_info,
             on_degraded=self._set_degraded,
             latency_guard=self.latency_guard,
+            limits=self.limits,
             pair_fallbacks=self.breakers.pair,
         )
 
@@ -269,6 +298,7 @@ class Worker:
         observed = self.housekeeping.observed
         return GaugeSnapshot(
             batch_limit=self.sizer.limit,
+            concurrency_limit=self.limits.adaptive_limit,
             inflight=self.inflight.count(),
             kv_usage=observed.vllm.kv_usage if observed.vllm else None,
             gpu_free_bytes=observed.gpu.free_bytes if observed.gpu else None,
@@ -285,6 +315,7 @@ class Worker:
             "vllm_url": self.config.vllm_url,
             "inflight": gauges.inflight,
             "batch_limit": gauges.batch_limit,
+            "concurrency_limit": gauges.concurrency_limit,
             "kv_usage": gauges.kv_usage,
             "gpu_free_bytes": gauges.gpu_free_bytes,
             "gpu_total_bytes": gauges.gpu_total_bytes,

@@ -38,6 +38,7 @@ _TIDEGATE_GAUGES = {
     "tidegate_kv_cache_usage_ratio",
     "tidegate_workers_alive",
     "tidegate_worker_inflight",
+    "tidegate_concurrency_limit",
     "tidegate_redis_up",
     "tidegate_memory_guard",
     "tidegate_redis_memory_used_bytes",
@@ -51,6 +52,7 @@ _TIDEGATE_COUNTERS = {
     "tidegate_tickets_total",
     "tidegate_tickets_submitted_total",
     "tidegate_vllm_errors_total",
+    "tidegate_preemptions_total",
     "tidegate_rollout_calls_total",
     "tidegate_rollout_shadow_total",
 }

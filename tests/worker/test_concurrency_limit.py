@@ -61,3 +61,14 @@ def test_noise_within_the_tolerance_does_not_move_it() -> None:
 def test_bad_settings_name_the_field() -> None:
     with pytest.raises(ValueError, match="long_window"):
         LimiterSettings(short_window=10, long_window=10)
+
+
+def test_a_twofold_rise_shrinks_it_within_the_short_window_and_its_end_grows_it_back() -> None:
+    settings = LimiterSettings(max_limit=32, short_window=8)
+    limiter = ConcurrencyLimit(settings)
+    feed(limiter, 100, BASE_TPOT)
+    assert feed(limiter, settings.short_window, 2 * BASE_TPOT)[-1] < 32
+    shrunk = feed(limiter, 20, 2 * BASE_TPOT)[-1]
+    recovered = feed(limiter, 60, BASE_TPOT)
+    assert recovered[-1] == 32 > shrunk
+    assert recovered == sorted(recovered), "it grows back steadily, without dips"

@@ -171,7 +171,8 @@ def test_a_degraded_worker_caps_other_work_while_loans_run_slow_and_lifts_it_aft
     publisher = threading.Thread(target=monitor, daemon=True)
     publisher.start()
     try:
-        running = start_worker(sim.base_url, max_batch=16, slo_guard=True)
+        # The guard alone: the adaptive limit would also shrink the batch as the steps slow down.
+        running = start_worker(sim.base_url, max_batch=16, slo_guard=True, adaptive_limit=False)
         worker = running.worker
         guard = worker.latency_guard
         assert guard is not None

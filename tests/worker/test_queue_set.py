@@ -136,3 +136,22 @@ def test_a_ticket_that_ended_without_a_write_of_ours_is_forgotten_once_out_of_fl
     assert replies == {running.ticket.id: "ok"}, "the lease is renewed in the ticket's own queue"
     assert queues.owner(running.ticket.id) is second, "a ticket in flight is remembered"
     assert queues.owner(cancelled.ticket.id) is first, "one no longer in flight is not"
+
+
+def test_preemption_reads_the_next_queue_head_and_puts_a_ticket_back_in_its_own_queue(
+    redis_client: Redis, fast_policy: Policy, queue_name: str, second_queue: str
+) -> None:
+    first = TicketQueue(redis_client, fast_policy, queue_name)
+    second = TicketQueue(redis_client, fast_policy, second_queue)
+    queues = QueueSet([first, second])
+    assert queues.head_type() is None
+    archive = submit_many(producer_for(second), 1, type="archive_query", max_tokens=8)[0]
+    assert queues.head_type() == "archive_query"
+    (claimed,) = queues.claim("w", 1)
+    submit_many(producer_for(second), 1, type="loan_approval", max_tokens=8)
+    assert queues.head_type() == "loan_approval", "the next ticket a claim would take"
+    outcome = queues.preempt(archive, claimed.token, "archive_query", "for a loan", max_preemptions=2)
+    assert outcome == "requeued"
+    ticket = second.get(archive)
+    assert ticket is not None and ticket.preemptions == 1 and ticket.attempts == 0
+    assert first.sizes() == (0, 0, 0) and second.sizes()[0] == 2

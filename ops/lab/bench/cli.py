@@ -130,6 +130,13 @@ def overload_command(
     results_dir: Path | None = typer.Option(
         None, "--results-dir", help="where results go [results/bench-overload/<time>]"
     ),
+    worker_option: list[str] | None = typer.Option(
+        None,
+        "--worker-option",
+        help="a `tidegate worker` flag for tidegate's workers, repeatable; for ablation runs, e.g. "
+        "--worker-option=--no-adaptive-limit, --worker-option=--no-preemption, "
+        "--worker-option=--prefill-guard-tokens=0",
+    ),
     as_json: bool = typer.Option(False, "--json", help="print results.json's summary instead of the table"),
 ) -> None:
     """tidegate and a plain FIFO baseline under the same seeded overload, side by side."""
@@ -156,6 +163,7 @@ def overload_command(
         "honour_retry_after": honour_retry_after,
         "seed": seed,
         "client": client,
+        "worker_args": tuple(worker_option or ()),
     }
     if duration is not None:
         values["duration_s"] = duration
@@ -176,6 +184,7 @@ def overload_command(
         "tidegate bench overload"
         + (" --quick" if quick else "")
         + (f" --client {client}" if client != "tickets" else "")
+        + "".join(f" --worker-option={option}" for option in worker_option or ())
     )
     bench = OverloadBench(
         scenario,

@@ -50,6 +50,8 @@ class OverloadScenario:
     sample_interval_s: float = 0.5
     client: str = "tickets"
     """How tidegate's branches call it: `tickets` (submit and poll) or `openai` (streamed completions)."""
+    worker_args: tuple[str, ...] = ()
+    """Extra `tidegate worker` flags (`--no-preemption`, ...), for an ablation run."""
 
     def __post_init__(self) -> None:
         checks = {

@@ -30,7 +30,7 @@ from ops.lab.bench.timeline import Sample, SystemState, Timeline, sum_counters
 from ops.lab.demo.run import delete_queue_keys
 from ops.lab.procs.children import ChildProcess, child_env
 from ops.lab.procs.ports import free_port, http_ok
-from ops.lab.stack.stack import SimSettings, Stack, StackConfig, tidegate_command
+from ops.lab.stack.stack import SimSettings, Stack, StackConfig, WorkerSettings, tidegate_command
 from ops.lab.traffic.accounting import Ledger, check_accounting
 from ops.lab.traffic.player import PlayerSettings, RetryPolicy, TrafficPlayer
 from ops.lab.traffic.records import OUTCOMES, TicketRecord
@@ -122,6 +122,7 @@ class SystemRunner:
             run_dir=self.setup.results_dir / "tidegate",
             gpus=s.gpus,
             sim=s.sim_settings("crash"),
+            worker=WorkerSettings(extra_args=s.worker_args),
         )
         self.setup.progress(
             f"tidegate: starting {s.gpus} simulator(s) in crash-on-OOM mode, worker(s), monitor, API"

@@ -27,7 +27,8 @@ def test_streamed_urgent_loan_gets_its_first_token_before_queued_archives(
     sim = simulator(time_scale=1, decode_step_s=0.005, max_num_seqs=1)  # one sequence of capacity
     producer = producer_for(gateway.queue)
     archives = submit(producer, [ticket("archive_query", max_tokens=150, ttl_seconds=60) for _ in range(4)])
-    start_worker(sim.base_url, gpu_backend=None, max_batch=1, critical_headroom=0)
+    # Queue order alone: with preemption the running archive would go back too (tests/worker).
+    start_worker(sim.base_url, gpu_backend=None, max_batch=1, critical_headroom=0, preemption=False)
     wait_inflight(gateway.queue, 1, 10, "the worker to take the first archive query")
     client = gateway.client(gateway.key(default_type="archive_query"))
     stream = client.chat.completions.create(

@@ -1,0 +1,178 @@
+"""The worker's in-flight limit and what one claim may take: one decision, in one place.
+
+The limit is the smallest of what memory allows (the batch sizer: free GPU memory, vLLM's KV cache,
+`max_batch`) and what latency allows (the adaptive limit, when on). Latency comes from two sources,
+each judged against its own baseline by a limiter of its own: the worker's streams, and vLLM's
+histograms. Their scales differ (the network and the stream's parsing are in one and not the other;
+a simulator's histograms run on its simulated clock), so one average over both would take every
+switch between them for a change in latency. Critical types keep a reserved
+share of that limit and of the KV budget (`headroom.py`); the latency guard's cap, when in force,
+bounds the others further; and the prefill guard bounds the prompt tokens of non-critical tickets
+still in prefill, so a burst of long prompts cannot take every engine step. Whatever changes the
+adaptive limit is logged here with the latencies that moved it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, replace
+
+from worker.batch_sizer import BatchSizer
+from worker.concurrency_limit import ConcurrencyLimit, LimiterSettings
+from worker.headroom import ClaimShares, CriticalHeadroom
+from worker.latency_guard import LatencyGuard
+from worker.vllm_client import Completion
+from worker.vllm_metrics import VllmMetrics
+
+log = logging.getLogger(__name__)
+
+MIN_PROMPT_TOKENS = 256
+"""Shorter prompts say nothing per prompt token: their first token takes about one engine step
+(which the time per output token measures already) plus fixed overheads that would be noise."""
+
+
+def adaptive_limiter(max_batch: int) -> ConcurrencyLimit:
+    """The limiter for a worker of `max_batch`: its floor keeps a quarter of the batch busy."""
+    return ConcurrencyLimit(LimiterSettings(min_limit=max(1, max_batch // 4), max_limit=max_batch))
+
+
+def answer_latency(completion: Completion) -> tuple[float | None, float | None]:
+    """(time per output token, time to first token per prompt token) of one streamed answer."""
+    ttft = completion.ttft_seconds
+    if ttft is None:
+        return None, None
+    tpot = None
+    if completion.completion_tokens > 1:
+        tpot = max(completion.total_seconds - ttft, 0.0) / (completion.completion_tokens - 1)
+    per_prompt = ttft / completion.prompt_tokens if completion.prompt_tokens >= MIN_PROMPT_TOKENS else None
+    return tpot, per_prompt
+
+
+@dataclass(frozen=True)
+class EngineLatency:
+    """Means over one sampling interval, from the growth of vLLM's histogram sums."""
+
+    tpot_seconds: float | None
+    ttft_per_prompt_token: float | None
+
+
+def engine_latency(before: VllmMetrics | None, after: VllmMetrics) -> EngineLatency | None:
+    """What vLLM's histograms say about the interval between two samples; None without them."""
+    if before is None:
+        return None
+
+    def grew(name: str) -> float | None:
+        old, new = before.sum_of(name), after.sum_of(name)
+        return None if old is None or new is None or new < old else new - old
+
+    itl_sum, itl_count = grew("itl_sum"), grew("itl_count")
+    ttft_sum, ttft_count, prompts = grew("ttft_sum"), grew("ttft_count"), grew("prompt_tokens")
+    tpot = itl_sum / itl_count if itl_sum is not None and itl_count else None
+    per_prompt = None
+    if ttft_sum is not None and ttft_count and prompts and prompts / ttft_count >= MIN_PROMPT_TOKENS:
+        per_prompt = ttft_sum / prompts
+    if tpot is None and per_prompt is None:
+        return None
+    return EngineLatency(tpot, per_prompt)
+
+
+class InflightLimit:
+    """Thread-safe: runners call `observe_answer`, housekeeping `observe_engine`, the claim loop
+    `limit` and `shares`."""
+
+    def __init__(
+        self,
+        *,
+        sizer: BatchSizer,
+        headroom: CriticalHeadroom,
+        adaptive: ConcurrencyLimit | None = None,
+        engine_adaptive: ConcurrencyLimit | None = None,
+        latency_guard: LatencyGuard | None = None,
+        prefill_guard_tokens: int = 0,
+    ) -> None:
+        self.sizer = sizer
+        self.headroom = headroom
+        self.adaptive = adaptive
+        """Fed by the worker's own answers."""
+        self.engine_adaptive = engine_adaptive
+        """Fed by vLLM's histograms."""
+        self.latency_guard = latency_guard
+        self.prefill_guard_tokens = prefill_guard_tokens
+        self._last_engine: VllmMetrics | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def adaptive_limit(self) -> int | None:
+        """The smaller of what either latency source allows; None when both are off."""
+        limits = [x.limit for x in (self.adaptive, self.engine_adaptive) if x is not None]
+        return min(limits) if limits else None
+
+    @property
+    def limit(self) -> int:
+        """min(memory sizer, KV cache, adaptive limit, max_batch)."""
+        adaptive = self.adaptive_limit
+        return self.sizer.limit if adaptive is None else min(self.sizer.limit, adaptive)
+
+    def observe_answer(self, completion: Completion) -> None:
+        tpot, per_prompt = answer_latency(completion)
+        self._observe(self.adaptive, tpot, per_prompt, "answer")
+
+    def observe_engine(self, metrics: VllmMetrics | None) -> None:
+        """Feed the means of vLLM's histograms since the last sample (they move while answers are
+        still running, when no answer has finished to say so)."""
+        if metrics is None or self.engine_adaptive is None:
+            return
+        with self._lock:
+            before, self._last_engine = self._last_engine, metrics
+        latency = engine_latency(before, metrics)
+        if latency is not None:
+            self._observe(
+                self.engine_adaptive, latency.tpot_seconds, latency.ttft_per_prompt_token, "vLLM histograms"
+            )
+
+    def _observe(
+        self, limiter: ConcurrencyLimit | None, tpot: float | None, per_prompt: float | None, source: str
+    ) -> None:
+        if limiter is None or (tpot is None and per_prompt is None):
+            return
+        with self._lock:  # so each change of the smaller of the two is logged once
+            before = self.adaptive_limit
+            limiter.observe(tpot_seconds=tpot, ttft_per_prompt_token=per_prompt)
+            changed = self.adaptive_limit
+        if changed == before or changed is None or before is None:
+            return
+        log.info(
+            "concurrency limit %d -> %d (%s: %s per output token, %s to first token per prompt token)",
+            before,
+            changed,
+            source,
+            "-" if tpot is None else f"{tpot * 1000:.2f} ms",
+            "-" if per_prompt is None else f"{per_prompt * 1000:.3f} ms",
+            extra={
+                "event": "concurrency_limit",
+                "concurrency_limit": changed,
+                "previous_limit": before,
+                "source": source,
+                "tpot_seconds": tpot,
+                "ttft_per_prompt_token_seconds": per_prompt,
+            },
+        )
+
+    def shares(self, limit: int, running: int, budget: int | None, prefill_tokens: int) -> ClaimShares:
+        """What one claim may take with `running` tickets in flight, `budget` KV tokens left (None =
+        unknown) and `prefill_tokens` of non-critical prompts still in prefill."""
+        shares = self.headroom.split(
+            limit,
+            running,
+            0 if budget is None else max(budget, 1),
+            self.sizer.usable_kv_tokens(),
+            normal_cap=self.latency_guard.cap if self.latency_guard is not None else None,
+        )
+        guard = self.prefill_guard_tokens
+        if guard <= 0:
+            return shares
+        left = guard - prefill_tokens
+        if left <= 0:
+            return replace(shares, normal_count=0)
+        return replace(shares, normal_prompt_budget=left, normal_prompt_first_over=prefill_tokens == 0)
