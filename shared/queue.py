@@ -312,6 +312,7 @@ class TicketQueue:
                     self.keys.counts,
                     self.keys.outbox,
                     self.keys.pending,
+                    self.keys.branch_depth(ticket_type),
                 ],
                 args=[
                     ticket_id,

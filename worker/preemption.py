@@ -27,7 +27,11 @@ log = logging.getLogger(__name__)
 def choose_victim(
     running: Iterable[RunningTicket], critical: frozenset[str], max_preemptions: int
 ) -> RunningTicket | None:
-    """The most recently claimed non-critical ticket that may still be preempted, if any."""
+    """The most recently claimed non-critical ticket that may still be preempted, if any.
+
+    A ticket whose tokens a client is already reading live is taken only when no other will do: its
+    stream cannot be taken back, so the API ends it `answer_interrupted` rather than `done`.
+    """
     candidates = [
         r
         for r in running
@@ -35,7 +39,11 @@ def choose_victim(
         and r.ticket.preemptions < max_preemptions
         and r.handle.reason is None
     ]
-    return max(candidates, key=lambda r: r.claimed_at, default=None)
+    return max(candidates, key=lambda r: (not _streamed_live(r), r.claimed_at), default=None)
+
+
+def _streamed_live(running: RunningTicket) -> bool:
+    return running.ticket.live == "tokens" and running.started
 
 
 class Preemptor:

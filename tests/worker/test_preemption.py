@@ -152,3 +152,19 @@ def test_the_victim_is_the_newest_non_critical_ticket_not_yet_preempted_too_ofte
     newer.handle.abort("preempted")
     assert choose_victim([old, newer, newest_loan, worn], critical, 2) is old, "not one already aborted"
     assert choose_victim([newest_loan, worn], critical, 2) is None
+
+
+def test_a_ticket_a_client_is_reading_live_is_the_last_choice(fast_queue: TicketQueue) -> None:
+    def running(claimed_at: float, live: str | None, started: bool) -> RunningTicket:
+        body = fast_queue.build_ticket(TicketRequest.model_validate(ticket("archive_query")))
+        entry = RunningTicket(body.model_copy(update={"live": live}), "t", 0, claimed_at=claimed_at)
+        entry.handle.first_token_at = 1.0 if started else None
+        return entry
+
+    critical = frozenset(fast_queue.policy.critical_types)
+    quiet = running(1.0, None, started=True)
+    watched = running(2.0, "tokens", started=True)
+    not_yet_streaming = running(3.0, "tokens", started=False)
+    assert choose_victim([quiet, watched], critical, 2) is quiet
+    assert choose_victim([quiet, watched, not_yet_streaming], critical, 2) is not_yet_streaming
+    assert choose_victim([watched], critical, 2) is watched, "taken when nothing else will do"

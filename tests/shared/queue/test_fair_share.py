@@ -100,6 +100,17 @@ def test_counts_follow_claims_expiry_and_lost_leases(fair: Producer, redis_clien
     assert _held(redis_client, fair) == {}
 
 
+def test_a_retried_ticket_takes_its_count_back(fair: Producer, redis_client: Redis) -> None:
+    _complaint(fair, "A")
+    [claimed] = fair.queue.claim("w-fair", 1)
+    assert _held(redis_client, fair) == {}
+    outcome = fair.queue.retry(claimed.ticket.id, claimed.token, "complaint", "vLLM answered 503", backoff=0)
+    assert outcome == "retry"
+    assert _held(redis_client, fair) == {"A": 1}, "waiting again, so counted again"
+    assert [c.ticket.id for c in fair.queue.claim("w-fair", 1)] == [claimed.ticket.id]
+    assert _held(redis_client, fair) == {}
+
+
 def _claim_order(producer: Producer) -> list[str]:
     """Ids in the order one-at-a-time claims take them, until the queue is empty."""
     order = []
