@@ -137,6 +137,9 @@ def overload_command(
         "--worker-option=--no-adaptive-limit, --worker-option=--no-preemption, "
         "--worker-option=--prefill-guard-tokens=0",
     ),
+    baseline: bool = typer.Option(
+        True, "--baseline/--no-baseline", help="run the FIFO baseline too (leave it out for ablation runs)"
+    ),
     as_json: bool = typer.Option(False, "--json", help="print results.json's summary instead of the table"),
 ) -> None:
     """tidegate and a plain FIFO baseline under the same seeded overload, side by side."""
@@ -164,6 +167,7 @@ def overload_command(
         "seed": seed,
         "client": client,
         "worker_args": tuple(worker_option or ()),
+        "baseline": baseline,
     }
     if duration is not None:
         values["duration_s"] = duration
@@ -185,6 +189,7 @@ def overload_command(
         + (" --quick" if quick else "")
         + (f" --client {client}" if client != "tickets" else "")
         + "".join(f" --worker-option={option}" for option in worker_option or ())
+        + ("" if baseline else " --no-baseline")
     )
     bench = OverloadBench(
         scenario,

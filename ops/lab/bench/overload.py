@@ -37,6 +37,10 @@ from shared.policy import Policy
 CAPACITY_SAMPLE_TICKETS = 400
 
 
+CRITICAL_WITHIN_SLO = 0.99
+"""Share of a critical type's tickets that must be answered within its SLO for the verdict."""
+
+
 @dataclass(frozen=True)
 class OverloadResult:
     scenario: OverloadScenario
@@ -89,7 +93,7 @@ class OverloadBench:
             f"{s.surge_load:.0%} -> {s.normal_load:.0%}"
         )
         runner = SystemRunner(self.setup)
-        runs = [runner.tidegate(plan), runner.baseline(plan)]
+        runs = [runner.tidegate(plan)] + ([runner.baseline(plan)] if s.baseline else [])
         capacity_tokens = capacity.tokens_per_s * s.gpus
         figures = {run.name: self._figures(run, capacity_tokens) for run in runs}
         verdict = self._verdict(figures)
@@ -181,6 +185,9 @@ class OverloadBench:
                 row = ours.rows[t]
                 checks[f"{t} p99 within its {row.slo_seconds:g} s SLO"] = (
                     row.p99_s is not None and row.slo_seconds is not None and row.p99_s <= row.slo_seconds
+                )
+                checks[f"{t} >= {CRITICAL_WITHIN_SLO:.0%} within its SLO"] = (
+                    row.offered > 0 and row.within_slo >= CRITICAL_WITHIN_SLO * row.offered
                 )
                 checks[f"{t} none rejected"] = (
                     row.rejected == 0 and ours.books.by_type.get(t, {}).get("rejected", 0) == 0

@@ -52,6 +52,8 @@ class OverloadScenario:
     """How tidegate's branches call it: `tickets` (submit and poll) or `openai` (streamed completions)."""
     worker_args: tuple[str, ...] = ()
     """Extra `tidegate worker` flags (`--no-preemption`, ...), for an ablation run."""
+    baseline: bool = True
+    """Whether to run the FIFO baseline too; an ablation run compares tidegate with tidegate."""
 
     def __post_init__(self) -> None:
         checks = {
