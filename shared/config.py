@@ -71,6 +71,12 @@ class Settings(BaseSettings):
         description="workers lower their in-flight limit while per-token latency (time to first token "
         "per prompt token, time per output token) rises, and raise it again when it falls",
     )
+    adaptive_tolerance: float = Field(
+        default=2.0,
+        ge=1,
+        description="how many times its baseline per-token latency a worker tolerates before it lowers "
+        "its in-flight limit; fuller batches make every token slower, so near 1 the limit stays small",
+    )
     preemption: bool = Field(
         default=True,
         description="a worker at its limit puts its newest non-critical ticket back in the queue (no "

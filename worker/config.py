@@ -29,6 +29,8 @@ class WorkerConfig:
     """While service is degraded, cap other work so critical answers fit their SLO (latency_guard)."""
     adaptive_limit: bool = True
     """Bound the in-flight limit by per-token latency too (`worker/concurrency_limit.py`)."""
+    adaptive_tolerance: float = 2.0
+    """Short over long per-token latency the adaptive limit tolerates before it shrinks."""
     preemption: bool = True
     """At the limit, put the newest non-critical ticket back for a waiting critical one."""
     max_preemptions: int = 2

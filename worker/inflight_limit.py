@@ -32,9 +32,11 @@ MIN_PROMPT_TOKENS = 256
 (which the time per output token measures already) plus fixed overheads that would be noise."""
 
 
-def adaptive_limiter(max_batch: int) -> ConcurrencyLimit:
+def adaptive_limiter(max_batch: int, tolerance: float = LimiterSettings.tolerance) -> ConcurrencyLimit:
     """The limiter for a worker of `max_batch`: its floor keeps a quarter of the batch busy."""
-    return ConcurrencyLimit(LimiterSettings(min_limit=max(1, max_batch // 4), max_limit=max_batch))
+    return ConcurrencyLimit(
+        LimiterSettings(min_limit=max(1, max_batch // 4), max_limit=max_batch, tolerance=tolerance)
+    )
 
 
 def answer_latency(completion: Completion) -> tuple[float | None, float | None]:

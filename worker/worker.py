@@ -85,8 +85,12 @@ def _limits(
     return InflightLimit(
         sizer=sizer,
         headroom=headroom,
-        adaptive=adaptive_limiter(config.max_batch) if config.adaptive_limit else None,
-        engine_adaptive=adaptive_limiter(config.max_batch) if config.adaptive_limit else None,
+        adaptive=adaptive_limiter(config.max_batch, config.adaptive_tolerance)
+        if config.adaptive_limit
+        else None,
+        engine_adaptive=(
+            adaptive_limiter(config.max_batch, config.adaptive_tolerance) if config.adaptive_limit else None
+        ),
         latency_guard=guard,
         prefill_guard_tokens=config.prefill_guard_tokens,
     )

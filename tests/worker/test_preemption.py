@@ -39,8 +39,9 @@ def full_worker(
     """A worker with every slot running an archive query that has started answering."""
     sim = simulator(time_scale=1, decode_step_s=0.01, stop_median_tokens=10**6)
     producer = producer_for(fast_queue)
-    bodies = [ticket("archive_query", max_tokens=ARCHIVE_TOKENS) for _ in range(BATCH)]
-    bodies[-1]["live"] = "tokens"  # the newest one streams: its reader must hear it start over
+    # Every one streams (so none is spared for being read live): the victim's reader must hear it
+    # start over.
+    bodies = [ticket("archive_query", max_tokens=ARCHIVE_TOKENS, live="tokens") for _ in range(BATCH)]
     archives = submit(producer, bodies)
     running = start_worker(
         sim.base_url,
