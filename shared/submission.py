@@ -2,11 +2,16 @@
 them or records them `rejected`. `TicketQueue.enqueue_many` is the way in; this module holds what it
 builds and returns.
 
-Batches: the tickets go to the script in chunks of `CHUNK`, all chunks in one pipelined round trip.
-Each chunk is one atomic script call that checks every ticket before it writes any; within a chunk
-each ticket is queued, found `existing` or recorded `rejected` on its own. A ticket the script
-refuses (a bad value) fails its chunk only: `EnqueueItemError` names it, and carries the results of
-the chunks that were written.
+Batches, and what a refusal leaves behind:
+- A ticket of a type the policy does not know refuses the whole batch before anything is sent
+  (`EnqueueItemError` with its index and the field `type`).
+- The tickets go to the script in chunks of `CHUNK`, each chunk sent on one connection as soon as it
+  is built (one round trip in all). Each chunk is one atomic script call that checks every ticket
+  before it writes any; past the check each ticket is queued, found `existing` or recorded
+  `rejected` on its own, in batch order.
+- A ticket the script refuses (a bad value) fails its own chunk only: nothing of that chunk is
+  written, the other chunks are, and `EnqueueItemError` names the ticket and field and carries the
+  results of every written ticket (None for the refused chunk's).
 """
 
 from __future__ import annotations
