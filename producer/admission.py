@@ -156,15 +156,28 @@ class AdmissionController:
         return view
 
     def decide(self, request: TicketRequest) -> Decision:
-        circuit = self.open_circuit()
+        return self._verdict(request, self.open_circuit(), self.state())
+
+    def decide_cached(self, request: TicketRequest) -> Decision | None:
+        """The verdict from the cached state alone, or None when a cache is stale: an event loop
+        answers from this without touching Redis, and calls `decide` off the loop otherwise."""
+        now = time.monotonic()
+        with self._lock:
+            state, circuit = self._cached, self._circuit
+        if state is None or circuit is None:
+            return None
+        if now - state[0] >= self.cache_seconds or now - circuit[0] >= self.cache_seconds:
+            return None
+        return self._verdict(request, circuit[1], state[1])
+
+    def _verdict(self, request: TicketRequest, circuit: BreakerView | None, state: ControlState) -> Decision:
         if circuit is not None:  # the endpoint is down for every type: critical ones too
-            state = self.state()
             return Decision(
                 state.level, state.mode, circuit.state.retry_after(circuit.now), ShedCode.CIRCUIT_OPEN
             )
         return decide(
             self.policy.type_policy(request.type),
-            self.state(),
+            state,
             fallback_configured=self.fallback_configured,
             rng=self.rng,
         )

@@ -6,12 +6,14 @@ every path into the queue shares one validation and one admission rule.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import ValidationError
 from redis import Redis
+from redis.asyncio import Redis as AsyncRedis
 
 from producer.admission import AdmissionController, Decision
 from shared.config import Settings
@@ -50,8 +52,11 @@ class Producer:
         fallback_configured: bool = False,
         admission_cache_seconds: float = 0.25,
         replica_acks: int = 0,
+        async_redis: AsyncRedis | None = None,
     ) -> None:
         self.policy = policy
+        self.async_redis = async_redis
+        """The asyncio client `submit_async` sends on (its caller owns it); None: a thread instead."""
         self.queue = TicketQueue(redis, policy, queue_name, replica_acks=replica_acks)
         self.admission = AdmissionController(
             redis,
@@ -97,6 +102,21 @@ class Producer:
         decisions = [self.admission.decide(r) for r in validated]
         enqueued = self.queue.enqueue_many(validated, [d.enqueue_options for d in decisions])
         return [_submit_result(e, d) for e, d in zip(enqueued, decisions, strict=True)]
+
+    async def submit_async(self, request: TicketRequest) -> SubmitResult:
+        """`submit` for a request handled on an event loop: the verdict comes from the cached
+        control state and the ticket goes to Redis on the asyncio client, so a request costs no
+        thread hop; a stale cache, or replicas to wait for, are dealt with on a thread instead."""
+        validated = self.check(request)
+        decision = self.admission.decide_cached(validated)
+        if decision is None:
+            decision = await asyncio.to_thread(self.admission.decide, validated)
+        options = decision.enqueue_options
+        if self.async_redis is None or self.queue.replica_acks:
+            enqueued = await asyncio.to_thread(self.queue.enqueue, validated, options)
+        else:
+            enqueued = await self.queue.enqueue_async(self.async_redis, validated, options)
+        return _submit_result(enqueued, decision)
 
     def get(self, ticket_id: str) -> Ticket | None:
         return self.queue.get(ticket_id)

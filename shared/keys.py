@@ -69,8 +69,13 @@ class QueueKeys:
         """STREAM an API process writes to interrupt its own blocking read of the live streams."""
         return self._key(f"api-wake:{instance}")
 
+    @property
+    def idempotency_prefix(self) -> str:
+        """Prefix of idempotency keys; the enqueue script appends "<branch>:<key>" (same hash tag)."""
+        return self._key("idem:")
+
     def idempotency(self, branch_id: str, key: str) -> str:
-        return self._key(f"idem:{branch_id}:{key}")
+        return f"{self.idempotency_prefix}{branch_id}:{key}"
 
     @property
     def counts(self) -> str:

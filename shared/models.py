@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from enum import StrEnum
+from functools import cache
 from typing import Any, ClassVar, Literal
 
 from pydantic import (
@@ -251,10 +252,17 @@ class Ticket(BaseModel):
 
     @classmethod
     def from_redis(cls, raw: dict[str, str]) -> Ticket:
-        data: dict[str, Any] = {k: v for k, v in raw.items() if v != "" and k in cls.model_fields}
+        names = _stored_names(cls)
+        data: dict[str, Any] = {k: v for k, v in raw.items() if v != "" and k in names}
         for name in cls._JSON_FIELDS:
             if name in data:
                 data[name] = json.loads(data[name])
         if "is_bulk" in data:
             data["is_bulk"] = data["is_bulk"] == "1"
         return cls.model_validate(data)
+
+
+@cache
+def _stored_names(model: type[BaseModel]) -> frozenset[str]:
+    """A model's field names, looked up once: reading every claimed ticket checks each hash field."""
+    return frozenset(model.model_fields)

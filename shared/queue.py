@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
 from redis import Redis
+from redis.asyncio import Redis as AsyncRedis
 
 from shared import clock, tracing
 from shared.keys import WAKE_LIST_CAP, QueueKeys
@@ -23,18 +24,61 @@ from shared.replica_acks import run_acked
 from shared.scripts import Scripts
 from shared.shed import ShedCode
 from shared.slot_server import on_slot_server
-from shared.submission import EnqueueOptions, EnqueueResult, Submission
+from shared.submission import EnqueueItemError, EnqueueOptions, EnqueueResult, Submission
 
 MAX_BLOCK_SECONDS = 10.0
 """The longest blocking wait for work, so a lost connection is noticed within it."""
 
-__all__ = ["ClaimedTicket", "EnqueueOptions", "EnqueueResult", "QueueStats", "ReapResult", "TicketQueue"]
+__all__ = [
+    "ClaimedTicket",
+    "EnqueueItemError",
+    "EnqueueOptions",
+    "EnqueueResult",
+    "FinishItemError",
+    "Outcome",
+    "QueueStats",
+    "ReapResult",
+    "TicketQueue",
+]
 
 
 @dataclass(frozen=True)
 class ClaimedTicket:
     ticket: Ticket
     token: str
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A running ticket's end, as its worker writes it (fenced by the claim's token)."""
+
+    ticket_id: str
+    token: str
+    status: Literal["done", "failed"]
+    result: str | None = None
+    usage: dict[str, Any] | None = None
+    error: str = ""
+    extra: dict[str, str] | None = None
+
+    def arguments(self) -> list[str]:
+        """This ticket's values for the finish script: id, token, status, error, its fields."""
+        fields: dict[str, str] = dict(self.extra or {})
+        if self.result is not None:
+            fields["result"] = self.result
+        if self.usage is not None:
+            fields["usage"] = json.dumps(self.usage, separators=(",", ":"))
+        flat = [item for pair in fields.items() for item in pair]
+        return [self.ticket_id, self.token, self.status, self.error, str(len(fields)), *flat]
+
+
+class FinishItemError(ValueError):
+    """One outcome of a batch cannot be written; nothing of the batch was."""
+
+    def __init__(self, index: int, ticket_id: str, field: str, message: str) -> None:
+        super().__init__(f"outcome {index} of the batch (ticket {ticket_id}): {field}: {message}")
+        self.index = index
+        self.ticket_id = ticket_id
+        self.field = field
 
 
 @dataclass(frozen=True)
@@ -62,6 +106,13 @@ class QueueStats:
 
     def outcome_count(self, ticket_type: str, outcome: str) -> int:
         return self.counts.get(f"{ticket_type}:{outcome}", 0)
+
+
+def _name_outcome(span: Any, results: Sequence[EnqueueResult]) -> None:
+    """A one-ticket span names its ticket and outcome (None: tracing is off)."""
+    if span is not None and len(results) == 1:
+        span.set_attribute("tidegate.ticket_id", results[0].ticket_id)
+        span.set_attribute("tidegate.outcome", results[0].outcome)
 
 
 class TicketQueue:
@@ -93,23 +144,35 @@ class TicketQueue:
     def enqueue_many(
         self, requests: Sequence[TicketRequest], options: Sequence[EnqueueOptions] | None = None
     ) -> list[EnqueueResult]:
-        """Submit many tickets in one pipelined round trip; each is still atomic on its own."""
+        """Submit many tickets in one round trip (shared/submission.py: chunks of one script call each,
+        every ticket queued, existing or rejected on its own; EnqueueItemError names a refused one)."""
         opts = list(options) if options is not None else [EnqueueOptions()] * len(requests)
-        attributes: tracing.Attributes = {
-            "db.system": "redis",
-            "tidegate.queue": self.keys.queue,
-            "tidegate.tickets": len(requests),
-        }
-        with tracing.span("tidegate.enqueue", kind="producer", attributes=attributes) as span:
+        with tracing.span(
+            "tidegate.enqueue", kind="producer", attributes=self._span_attributes(requests)
+        ) as span:
             results = on_slot_server(
                 self.redis,
                 self.keys.pending,
                 lambda server: self.submission.submit_many(server, requests, opts, self.replica_acks),
             )
-            if span is not None and len(results) == 1:
-                span.set_attribute("tidegate.ticket_id", results[0].ticket_id)
-                span.set_attribute("tidegate.outcome", results[0].outcome)
+            _name_outcome(span, results)
         return results
+
+    async def enqueue_async(
+        self, client: AsyncRedis, request: TicketRequest, options: EnqueueOptions | None = None
+    ) -> EnqueueResult:
+        """`enqueue` on an asyncio client of this queue's Redis, for a request handled on an event loop."""
+        with tracing.span(
+            "tidegate.enqueue", kind="producer", attributes=self._span_attributes([request])
+        ) as span:
+            results = await self.submission.submit_many_async(
+                client, [request], [options or EnqueueOptions()]
+            )
+            _name_outcome(span, results)
+        return results[0]
+
+    def _span_attributes(self, requests: Sequence[TicketRequest]) -> tracing.Attributes:
+        return {"db.system": "redis", "tidegate.queue": self.keys.queue, "tidegate.tickets": len(requests)}
 
     def cancel(self, ticket_id: str, reason: str = "cancelled by its branch") -> str:
         """Cancel; returns the status before ("queued"/"running" → now cancelled) or "missing"."""
@@ -267,20 +330,28 @@ class TicketQueue:
         extra: dict[str, str] | None = None,
     ) -> bool:
         """Write the outcome; False when the lease was lost (the answer is then not written)."""
-        fields: dict[str, str] = dict(extra or {})
-        if result is not None:
-            fields["result"] = result
-        if usage is not None:
-            fields["usage"] = json.dumps(usage, separators=(",", ":"))
-        flat = [item for pair in fields.items() for item in pair]
-        reply = run_acked(
-            self.redis,
-            self.replica_acks,
-            self.scripts.finish,
-            [self.keys.ticket(ticket_id), self.keys.inflight, self.keys.counts, self.keys.outbox],
-            [ticket_id, token, repr(clock.now()), status, self.policy.queue.retention_spec, error, *flat],
-        )
-        return bool(reply == "ok")
+        outcome = Outcome(ticket_id, token, status, result=result, usage=usage, error=error, extra=extra)
+        return self.finish_many([outcome])[0] == "ok"
+
+    def finish_many(self, outcomes: Sequence[Outcome]) -> list[str]:
+        """Write many outcomes in one round trip, each fenced by its own token: per ticket "ok", or
+        "stale:<status>" when its lease was lost (that answer is not written; the others are).
+
+        A bad value (a status other than done or failed) refuses the whole call before anything is
+        written: FinishItemError names the ticket and the field.
+        """
+        if not outcomes:
+            return []
+        args: list[Any] = [repr(clock.now()), self.policy.queue.retention_spec]
+        for index, outcome in enumerate(outcomes):
+            if outcome.status not in ("done", "failed"):
+                raise FinishItemError(
+                    index, outcome.ticket_id, "status", f"{outcome.status!r} is not done or failed"
+                )
+            args.extend(outcome.arguments())
+        keys = [self.keys.inflight, self.keys.counts, self.keys.outbox, self.keys.ticket_prefix]
+        reply = run_acked(self.redis, self.replica_acks, self.scripts.finish, keys, args)
+        return [str(r) for r in reply]
 
     def backoff_seconds(self, attempts: int) -> float:
         """Exponential backoff with full jitter, so retries of a failed vLLM spread out."""

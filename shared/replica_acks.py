@@ -32,9 +32,14 @@ class ReplicaAcksMissing(redis.RedisError):
         self.got = got
 
 
+def wait_command(replicas: int) -> list[Any]:
+    """WAIT for `replicas`: sent last on a connection, it covers every write sent before it."""
+    return ["WAIT", replicas, WAIT_TIMEOUT_MS]
+
+
 def add_wait(pipe: Any, replicas: int) -> None:
     """End `pipe` with WAIT, so it covers every write queued before it."""
-    pipe.execute_command("WAIT", replicas, WAIT_TIMEOUT_MS)
+    pipe.execute_command(*wait_command(replicas))
 
 
 def check_acks(reply: object, replicas: int) -> None:

@@ -1,26 +1,49 @@
-"""Submitting tickets: the stored form of a request, and the enqueue script that queues it or records
-it `rejected`. `TicketQueue.enqueue_many` is the way in; this module holds what it builds and returns.
+"""Submitting tickets: the stored form of a request, and the enqueue script that queues a batch of
+them or records them `rejected`. `TicketQueue.enqueue_many` is the way in; this module holds what it
+builds and returns.
+
+Batches, and what a refusal leaves behind:
+- A ticket of a type the policy does not know refuses the whole batch before anything is sent
+  (`EnqueueItemError` with its index and the field `type`).
+- The tickets go to the script in chunks of `CHUNK`, each chunk sent on one connection as soon as it
+  is built (one round trip in all). Each chunk is one atomic script call that checks every ticket
+  before it writes any; past the check each ticket is queued, found `existing` or recorded
+  `rejected` on its own, in batch order.
+- A ticket the script refuses (a bad value) fails its own chunk only: nothing of that chunk is
+  written, the other chunks are, and `EnqueueItemError` names the ticket and field and carries the
+  results of every written ticket (None for the refused chunk's).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+import re
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Literal
+
+from redis import Redis
+from redis.asyncio import Redis as AsyncRedis
+from redis.exceptions import NoScriptError, ResponseError
 
 from shared import clock, tracing
 from shared.ids import new_ticket_id
 from shared.keys import WAKE_LIST_CAP, QueueKeys
 from shared.models import Ticket, TicketRequest, TicketStatus
-from shared.policy import Policy, RetainedOutcome
-from shared.replica_acks import add_wait, check_acks
+from shared.policy import Policy, RetainedOutcome, TypePolicy, UnknownTicketType
+from shared.replica_acks import check_acks, wait_command
 from shared.scoring import effective_priority, queue_score
 from shared.scripts import Scripts
 from shared.shed import ShedCode, shed_cause
 from shared.shed_log import shed_minute
+from shared.streamed import call_packed, send_streamed
 
 EnqueueOutcome = Literal["queued", "existing", "rejected"]
+
+CHUNK = 200
+"""Tickets per script call: enough to amortise the call, few enough that one call holds Redis for a
+short while only (other clients wait while a script runs)."""
 
 LEAN_FIELDS = (
     "type",
@@ -37,6 +60,44 @@ LEAN_FIELDS = (
 """What a rejected record keeps: what its submitter and the books need, never the prompt. Every value
 stays short, so Redis keeps the record in its compact hash encoding; its words are looked up from
 its shed code when it is read."""
+
+COLUMNS = (
+    *LEAN_FIELDS,
+    "prompt",
+    "messages",
+    "urgent_level",
+    "vip_level",
+    "is_bulk",
+    "callback_url",
+    "live",
+    "sampling",
+    "prompt_tokens_estimate",
+    "max_attempts",
+    "route",
+    "traceparent",
+)
+"""The ticket hash fields a submission writes (besides id, status and score). A field at its model
+default (factor levels of 0, not bulk) or empty is not written: `Ticket.from_redis` restores the
+default, and `attempts` (0) and the claim's token cost (prompt estimate + max_tokens) are derived."""
+
+_AT_DEFAULT = {"urgent_level": 0, "vip_level": 0, "is_bulk": False}
+
+
+class EnqueueItemError(ValueError):
+    """The enqueue script refused one ticket of a batch; nothing of that ticket's chunk was written.
+
+    `index` is the ticket's place in the submitted batch (from 0); `results` holds the outcome of
+    every ticket whose chunk was written, None for the refused chunk's tickets.
+    """
+
+    def __init__(
+        self, index: int, field: str, message: str, results: Sequence[EnqueueResult | None] = ()
+    ) -> None:
+        super().__init__(f"ticket {index} of the batch: {field}: {message}")
+        self.index = index
+        self.field = field
+        self.message = message
+        self.results = list(results)
 
 
 @dataclass(frozen=True)
@@ -59,6 +120,37 @@ class EnqueueOptions:
     retry_after: float = 0.0
 
 
+def stored_value(name: str, value: Any) -> str:
+    """One column's value as the ticket hash stores it ("" = not stored), as `Ticket.to_redis`."""
+    if value is None or (name in _AT_DEFAULT and value == _AT_DEFAULT[name]):
+        return ""
+    if name == "messages":
+        return json.dumps([m.model_dump(mode="json") for m in value], separators=(",", ":"))
+    if name == "sampling":
+        return json.dumps(value, separators=(",", ":"))
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return str(value)
+
+
+@dataclass(frozen=True)
+class _Draft:
+    """A ticket ready to submit: its stored form and the script's per-ticket values."""
+
+    ticket: Ticket
+    options: EnqueueOptions
+    values: list[str]
+
+
+def _raised(reply: Any) -> Any:
+    if isinstance(reply, Exception):
+        raise reply
+    return reply
+
+
+_REFUSED = re.compile(r"^ticket (\d+) \(([^)]*)\): (\w+) (.*)$", re.DOTALL)
+
+
 class Submission:
     """Builds tickets from requests and submits them through the enqueue script of one queue."""
 
@@ -66,23 +158,35 @@ class Submission:
         self.policy = policy
         self.keys = keys
         self.scripts = scripts
+        self._priorities: dict[tuple[str, int, int, bool], float] = {}
 
-    def build_ticket(self, request: TicketRequest, *, now: float | None = None) -> Ticket:
+    def _priority(self, request: TicketRequest, type_policy: TypePolicy) -> float:
+        """Effective priority, remembered per (type, factors): a batch has few distinct ones."""
+        key = (request.type, request.urgent_level, request.vip_level, request.is_bulk)
+        priority = self._priorities.get(key)
+        if priority is None:
+            priority = effective_priority(
+                type_policy,
+                urgent_level=request.urgent_level,
+                vip_level=request.vip_level,
+                is_bulk=request.is_bulk,
+            )
+            self._priorities[key] = priority
+        return priority
+
+    def build_ticket(
+        self, request: TicketRequest, *, now: float | None = None, route: str | None = None
+    ) -> Ticket:
         """The stored form of a validated request: priority, TTL, limits filled in from policy."""
         created = clock.now() if now is None else now
         type_policy = self.policy.type_policy(request.type)
-        ttl = request.ttl_seconds or type_policy.ttl_seconds
+        ttl = float(request.ttl_seconds or type_policy.ttl_seconds)
         return Ticket(
             id=new_ticket_id(),
             type=request.type,
             branch_id=request.branch_id,
             status=TicketStatus.QUEUED,
-            priority=effective_priority(
-                type_policy,
-                urgent_level=request.urgent_level,
-                vip_level=request.vip_level,
-                is_bulk=request.is_bulk,
-            ),
+            priority=self._priority(request, type_policy),
             prompt=request.prompt,
             messages=request.messages,
             max_tokens=request.max_tokens or self.policy.queue.default_max_tokens,
@@ -100,6 +204,7 @@ class Submission:
             created_at=created,
             expires_at=created + ttl,
             max_attempts=self.policy.queue.max_attempts,
+            route=route,
             traceparent=tracing.current_traceparent(),
         )
 
@@ -108,53 +213,75 @@ class Submission:
         cap = self.policy.type_policy(ticket_type).cap
         return shed_cause(code, ticket_type, critical_types=self.policy.critical_types, cap=cap)
 
-    def _enqueue_call(self, ticket: Ticket, options: EnqueueOptions, client: Any) -> Any:
-        fields = ticket.to_redis()
-        del fields["id"], fields["status"]
-        fields["cost"] = str(ticket.cost_tokens)
-        lean = [item for name in LEAN_FIELDS if name in fields for item in (name, fields.pop(name))]
-        rest = [item for pair in fields.items() for item in pair]
-        idem_key = ticket.idempotency_key or ""
-        queue = self.policy.queue
-        return self.scripts.enqueue(
-            keys=[
-                self.keys.ticket(ticket.id),
-                self.keys.pending,
-                self.keys.deadlines,
-                self.keys.waiting(ticket.type),
-                self.keys.idempotency(ticket.branch_id, idem_key or "-"),
-                self.keys.counts,
-                self.keys.wake,
-                self.keys.delayed,
-                self.keys.ticket_prefix,
-                self.keys.branch_depth(ticket.type),
-                self.keys.sheds(shed_minute(ticket.created_at)),
-            ],
-            args=[
-                ticket.id,
-                ticket.type,
-                repr(queue_score(ticket.priority, ticket.created_at, queue.aging_seconds)),
-                repr(ticket.created_at),
-                repr(ticket.expires_at),
-                idem_key,
-                self.policy.type_policy(ticket.type).cap,
-                self._idempotency_seconds,
-                repr(ticket.created_at + max(options.defer_seconds, 0.0)),
-                options.shed.value if options.shed else "",
-                self.shed_words(options.shed, ticket.type) if options.shed else "",
-                self.shed_words(ShedCode.TYPE_CAP, ticket.type),
-                queue.rejected_retention_seconds,
-                repr(options.retry_after),
-                WAKE_LIST_CAP,
-                len(lean) // 2,
-                *lean,
-                *rest,
-            ],
-            client=client,
-        )
+    def _draft(self, request: TicketRequest, options: EnqueueOptions, now: float) -> _Draft:
+        ticket = self.build_ticket(request, now=now, route=options.route)
+        shed = options.shed
+        pairs = [(name, stored_value(name, getattr(ticket, name))) for name in COLUMNS]
+        lean = sum(1 for name, value in pairs[: len(LEAN_FIELDS)] if value)
+        fields = [item for pair in pairs if pair[1] for item in pair]
+        values = [
+            ticket.id,
+            ticket.type,
+            ticket.branch_id,
+            str(ticket.priority),
+            repr(queue_score(ticket.priority, now, self.policy.queue.aging_seconds)),
+            repr(ticket.expires_at),
+            ticket.idempotency_key or "",
+            repr(now + max(options.defer_seconds, 0.0)),
+            shed.value if shed else "",
+            self.shed_words(shed, ticket.type) if shed else "",
+            repr(options.retry_after),
+            str(lean),
+            str(len(fields) // 2),
+            *fields,
+        ]
+        return _Draft(ticket, options, values)
 
-    def _result(self, ticket: Ticket, options: EnqueueOptions, raw: Sequence[str]) -> EnqueueResult:
+    @cached_property
+    def _header(self) -> tuple[list[str], list[Any]]:
+        """The KEYS and leading ARGV every call shares, but the minute's shed counts (KEYS[8])."""
+        types = self.policy.type_names
+        keys = [
+            self.keys.pending,
+            self.keys.deadlines,
+            self.keys.counts,
+            self.keys.wake,
+            self.keys.delayed,
+            self.keys.ticket_prefix,
+            self.keys.idempotency_prefix,
+            "",
+            *[self.keys.waiting(t) for t in types],
+            *[self.keys.branch_depth(t) for t in types],
+        ]
+        queue = self.policy.queue
+        args: list[Any] = [
+            self._idempotency_seconds,
+            queue.rejected_retention_seconds,
+            WAKE_LIST_CAP,
+            len(types),
+            *types,
+            *[self.policy.type_policy(t).cap for t in types],
+            *[self.shed_words(ShedCode.TYPE_CAP, t) for t in types],
+        ]
+        return keys, args
+
+    def _chunk_command(self, drafts: Sequence[_Draft], now: float) -> list[Any]:
+        """One EVALSHA of the enqueue script for `drafts`."""
+        keys, header = self._header
+        command: list[Any] = ["EVALSHA", self.scripts.enqueue.sha, len(keys), *keys[:7]]
+        command += [self.keys.sheds(shed_minute(now)), *keys[8:], repr(now), *header]
+        for draft in drafts:
+            command.extend(draft.values)
+        return command
+
+    @cached_property
+    def _idempotency_seconds(self) -> int:
+        outcomes: tuple[RetainedOutcome, ...] = ("done", "failed", "expired", "cancelled")
+        return max(self.policy.queue.retention_for(o) for o in outcomes)
+
+    def _result(self, draft: _Draft, raw: Sequence[str]) -> EnqueueResult:
         outcome, ticket_id = raw[0], raw[1]
+        ticket, options = draft.ticket, draft.options
         if outcome == "existing":
             return EnqueueResult("existing", ticket_id)
         if outcome == "rejected":  # what the script stored: the lean record, its code and words
@@ -178,34 +305,119 @@ class Submission:
         queued = ticket if ticket_id == ticket.id else ticket.model_copy(update={"id": ticket_id})
         return EnqueueResult("queued", ticket_id, queued)
 
-    def _prepared(self, request: TicketRequest, options: EnqueueOptions) -> Ticket:
-        ticket = self.build_ticket(request)
-        return ticket.model_copy(update={"route": options.route}) if options.route else ticket
+    def _chunk_results(self, start: int, drafts: Sequence[_Draft], reply: Any) -> list[EnqueueResult]:
+        if isinstance(reply, ResponseError):
+            found = _REFUSED.match(str(reply))
+            if found is None:
+                raise reply  # not about a ticket (MOVED after a failover, a server error): the caller's
+            index = start + int(found.group(1)) - 1
+            raise EnqueueItemError(index, found.group(3), found.group(4))
+        return [self._result(d, reply[4 * i : 4 * i + 4]) for i, d in enumerate(drafts)]
 
-    @cached_property
-    def _idempotency_seconds(self) -> int:
-        outcomes: tuple[RetainedOutcome, ...] = ("done", "failed", "expired", "cancelled")
-        return max(self.policy.queue.retention_for(o) for o in outcomes)
+    def _check(self, requests: Sequence[TicketRequest], options: Sequence[EnqueueOptions]) -> None:
+        """Refuse a batch naming an unknown type before any of it is sent (chunks go out as built)."""
+        if len(requests) != len(options):
+            raise ValueError(f"{len(requests)} requests but {len(options)} options; give one per request")
+        for index, request in enumerate(requests):
+            if request.type not in self.policy.types:
+                message = str(UnknownTicketType(request.type, self.policy.type_names))
+                raise EnqueueItemError(index, "type", message)
 
     def submit_many(
         self,
-        client: Any,
+        server: Redis,
         requests: Sequence[TicketRequest],
         options: Sequence[EnqueueOptions],
         replica_acks: int = 0,
     ) -> list[EnqueueResult]:
-        """Submit many tickets in one pipelined round trip; each is still atomic on its own.
+        """Submit many tickets in one round trip, `CHUNK` tickets to a script call, each chunk sent
+        as soon as it is built (shared/streamed.py) so Redis runs it while the next is prepared.
 
-        With `replica_acks` the pipeline ends with WAIT (shared/replica_acks.py) and raises
+        With `replica_acks` the run ends with WAIT (shared/replica_acks.py) and raises
         ReplicaAcksMissing unless that many replicas hold the writes.
         """
-        tickets = [self._prepared(r, o) for r, o in zip(requests, options, strict=True)]
-        pipe = client.pipeline(transaction=False)
-        for ticket, o in zip(tickets, options, strict=True):
-            self._enqueue_call(ticket, o, pipe)
+        if not requests:
+            return []
+        self._check(requests, options)
+        now = clock.now()
+        drafts: list[_Draft] = []
+        starts = range(0, len(requests), CHUNK)
+
+        def commands() -> Iterator[list[Any]]:
+            for start in starts:
+                pairs = zip(requests[start : start + CHUNK], options[start : start + CHUNK], strict=True)
+                chunk = [self._draft(r, o, now) for r, o in pairs]
+                drafts.extend(chunk)
+                yield self._chunk_command(chunk, now)
+            if replica_acks:
+                yield wait_command(replica_acks)
+
+        replies = self._run_loaded(server, commands())
         if replica_acks:
-            add_wait(pipe, replica_acks)
-        raws = pipe.execute()
-        if replica_acks:
-            check_acks(raws.pop(), replica_acks)
-        return [self._result(t, o, raw) for t, o, raw in zip(tickets, options, raws, strict=True)]
+            check_acks(_raised(replies.pop()), replica_acks)
+        return self._collect(starts, drafts, replies)
+
+    async def submit_many_async(
+        self, client: AsyncRedis, requests: Sequence[TicketRequest], options: Sequence[EnqueueOptions]
+    ) -> list[EnqueueResult]:
+        """`submit_many` on an asyncio client, for an event loop (no WAIT for replicas: a caller that
+        needs them uses `submit_many` off the loop). A chunk is one awaited call."""
+        if not requests:
+            return []
+        self._check(requests, options)
+        now = clock.now()
+        drafts = [self._draft(r, o, now) for r, o in zip(requests, options, strict=True)]
+        starts = range(0, len(drafts), CHUNK)
+        replies = [
+            await self._call_async(client, self._chunk_command(drafts[s : s + CHUNK], now)) for s in starts
+        ]
+        return self._collect(starts, drafts, replies)
+
+    async def _call_async(self, client: AsyncRedis, command: list[Any]) -> Any:
+        """The chunk's reply, or its error reply; a server without the script ran nothing, so the
+        chunk is sent once more after loading it."""
+        for attempt in range(2):
+            try:
+                return await call_packed(client, command)
+            except NoScriptError as exc:
+                if attempt:
+                    return exc
+                await client.script_load(self.scripts.enqueue.script)
+            except ResponseError as exc:
+                return exc
+        raise AssertionError("unreachable: the second attempt returns")
+
+    def _run_loaded(self, server: Redis, commands: Iterator[list[Any]]) -> list[Any]:
+        """Send the run; chunks refused because the server lacks the script (it was flushed, or a
+        new primary never saw it) ran nothing, so they are sent again once it is loaded."""
+        sent: list[list[Any]] = []
+
+        def kept() -> Iterator[list[Any]]:
+            for command in commands:
+                sent.append(command)
+                yield command
+
+        replies = send_streamed(server, kept())
+        missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+        if missing and sent[-1][0] == "WAIT":  # the WAIT must follow the writes it covers
+            missing.append(len(sent) - 1)
+        if missing:
+            server.script_load(self.scripts.enqueue.script)
+            for i, reply in zip(missing, send_streamed(server, (sent[i] for i in missing)), strict=True):
+                replies[i] = reply
+        return replies
+
+    def _collect(self, starts: range, drafts: Sequence[_Draft], replies: list[Any]) -> list[EnqueueResult]:
+        """Every chunk's results; a refused chunk raises after the others are read, carrying them."""
+        results: list[EnqueueResult | None] = []
+        refused: EnqueueItemError | None = None
+        for start, reply in zip(starts, replies, strict=True):
+            chunk = drafts[start : start + CHUNK]
+            try:
+                results.extend(self._chunk_results(start, chunk, reply))
+            except EnqueueItemError as exc:
+                refused = refused or exc
+                results.extend([None] * len(chunk))
+        if refused is not None:
+            raise EnqueueItemError(refused.index, refused.field, refused.message, results)
+        return [r for r in results if r is not None]

@@ -23,7 +23,8 @@ from producer.api.errors import install_error_handlers
 from producer.api.http_metrics import instrument
 from producer.api.keys import ApiKeyStore
 from producer.api.openai import routes as openai_routes
-from producer.api.openai.hub import READ_TIMEOUT_SECONDS, LiveHub
+from producer.api.openai.hub import READ_TIMEOUT_SECONDS as HUB_READ_TIMEOUT_SECONDS
+from producer.api.openai.hub import LiveHub
 from producer.api.openai.models import ModelCatalog
 from producer.api.tracing_middleware import TracingMiddleware
 from producer.api.ui import routes as routes_ui
@@ -32,7 +33,7 @@ from shared import tracing
 from shared.config import Settings
 from shared.metrics import build_registry
 from shared.policy import Policy
-from shared.redis_conn import connect_async_from, connect_from
+from shared.redis_conn import READ_TIMEOUT_SECONDS, connect_async_from, connect_from
 
 API_VERSION = "1"
 DESCRIPTION = """Branch-office API of the tidegate LLM work queue.
@@ -57,6 +58,9 @@ def create_app(
     """The API for `settings` (default: the environment, TIDEGATE_*)."""
     settings = settings or Settings()
     redis = connect_from(settings)
+    # The accept path's own asyncio client, with the ordinary read timeout (the hub's outlasts
+    # its blocking reads): a submission is one short script call.
+    accept_redis = connect_async_from(settings, read_timeout=READ_TIMEOUT_SECONDS)
     producer = Producer(
         redis,
         settings.policy,
@@ -64,6 +68,7 @@ def create_app(
         fallback_configured=bool(settings.fallback_vllm_url),
         admission_cache_seconds=admission_cache_seconds,
         replica_acks=settings.replica_acks,
+        async_redis=accept_redis,
     )
     key_store = ApiKeyStore(redis, producer.queue.keys)
     context = ApiContext(
@@ -73,7 +78,7 @@ def create_app(
         key_store=key_store,
         authenticator=Authenticator(key_store, settings.operator_key, auth_cache_seconds),
         registry=build_registry(redis, settings.policy, settings.queue_name),
-        hub=LiveHub(connect_async_from(settings, read_timeout=READ_TIMEOUT_SECONDS), producer.queue.keys),
+        hub=LiveHub(connect_async_from(settings, read_timeout=HUB_READ_TIMEOUT_SECONDS), producer.queue.keys),
         models=ModelCatalog(redis, producer.queue.keys),
     )
 
@@ -82,6 +87,7 @@ def create_app(
         context.hub.start()
         yield
         await context.hub.stop()
+        await accept_redis.aclose()
         redis.close()
 
     app = FastAPI(

@@ -68,26 +68,34 @@ local used = 0
 local prompts = 0
 local normal_taken = 0
 local scanned = 0
+-- The head of the queue, read a window at a time: every id read is taken, ended or dropped below
+-- before the next, so the window stays the head while the claim runs.
+local window, next_in_window = {}, 1
 while #claimed < limit and scanned < limit + 1000 do
-  local head = redis.call('ZRANGE', KEYS[1], 0, 0)
-  if #head == 0 then break end
-  local id = head[1]
+  if next_in_window > #window then
+    window = redis.call('ZRANGE', KEYS[1], 0, limit - #claimed)
+    next_in_window = 1
+  end
+  local id = window[next_in_window]
+  if not id then break end
+  next_in_window = next_in_window + 1
   local key = prefix .. id
-  local t = redis.call('HMGET', key, 'status', 'type', 'expires_at', 'cost', 'branch_id',
-    'prompt_tokens_estimate')
+  local t = redis.call('HMGET', key, 'status', 'type', 'expires_at', 'prompt_tokens_estimate',
+    'max_tokens', 'branch_id', 'attempts')
   local ticket_type = t[2]
   if t[1] ~= 'queued' or not ticket_type then
     -- Not a queued ticket any more (its hash is gone or it ended elsewhere): drop the stale entry.
     redis.call('ZREM', KEYS[1], id)
     scanned = scanned + 1
   elseif tonumber(t[3]) <= now then
-    unqueue(id, KEYS[1], KEYS[2], KEYS[3], waiting[ticket_type] or KEYS[1], depths[ticket_type], t[5])
+    unqueue(id, KEYS[1], KEYS[2], KEYS[3], waiting[ticket_type] or KEYS[1], depths[ticket_type], t[6])
     finish_ticket(key, id, ticket_type, 'expired', ARGV[1], retention,
       'TTL passed while queued', KEYS[5], KEYS[7])
     expired = expired + 1
     scanned = scanned + 1
   else
-    local cost = tonumber(t[4]) or 0
+    -- What it may occupy in the KV cache: prompt plus the answer it may write (Ticket.cost_tokens).
+    local cost = (tonumber(t[4]) or 0) + (tonumber(t[5]) or 0)
     local count_cap, token_cap = limit, budget
     if not critical[ticket_type] then
       count_cap, token_cap = normal_limit, normal_budget
@@ -96,7 +104,7 @@ while #claimed < limit and scanned < limit + 1000 do
     local over = budget > 0 and used + cost > token_cap
     if over and not (#claimed == 0 and ARGV[6] == '1') then break end
     if not critical[ticket_type] then
-      local prompt = tonumber(t[6]) or 0
+      local prompt = tonumber(t[4]) or 0
       local long = prompt_budget > 0 and prompts + prompt > prompt_budget
       if long and not (normal_taken == 0 and prompt_first_over) then break end
       prompts = prompts + prompt
@@ -104,10 +112,9 @@ while #claimed < limit and scanned < limit + 1000 do
     end
     used = used + cost
     local token = redis.call('INCR', KEYS[6])
-    unqueue(id, KEYS[1], KEYS[2], KEYS[3], waiting[ticket_type] or KEYS[1], depths[ticket_type], t[5])
-    redis.call('HINCRBY', key, 'attempts', 1)
+    unqueue(id, KEYS[1], KEYS[2], KEYS[3], waiting[ticket_type] or KEYS[1], depths[ticket_type], t[6])
     redis.call('HSET', key, 'status', 'running', 'token', token, 'worker', ARGV[4],
-      'started_at', ARGV[1], 'lease_until', now + lease)
+      'started_at', ARGV[1], 'lease_until', now + lease, 'attempts', (tonumber(t[7]) or 0) + 1)
     redis.call('ZADD', KEYS[4], now + lease, id)
     claimed[#claimed + 1] = redis.call('HGETALL', key)
   end

@@ -1,40 +1,39 @@
 --[[
-Submit one ticket: either queue it (ticket hash, priority entry, TTL index, per-type index) or record
-it as `rejected` — because admission shed it (ARGV[10]), its type's queue cap is full, or its
-branch holds its fair share of the cap while other branches wait — in one step. The rejected record
-is lean (no prompt, no words: readers look them up from the code, and short values keep the hash in
-Redis's compact encoding) and has its own retention; a retry under the same idempotency key reuses
-the record an earlier shed try left instead of writing another.
+Submit a batch of tickets in one step: each is either queued (ticket hash, priority entry, TTL
+index, per-type index) or recorded `rejected` — because admission shed it (its shed code), its
+type's queue cap is full, or its branch holds its fair share of the cap while other branches wait.
+The rejected record is lean (no prompt, no words: readers look them up from the code, and short
+values keep the hash in Redis's compact encoding) and has its own retention; a retry under the same
+idempotency key reuses the record an earlier shed try left instead of writing another.
 
-KEYS[1] ticket hash             {q}:t:<id>
-KEYS[2] pending zset            {q}:pending
-KEYS[3] deadlines zset          {q}:deadlines
-KEYS[4] waiting zset of type    {q}:waiting:<type>
-KEYS[5] idempotency key         {q}:idem:<branch>:<key> (untouched when ARGV[6] is "")
-KEYS[6] counts hash             {q}:counts
-KEYS[7] wake list               {q}:wake
-KEYS[8] delayed zset            {q}:delayed
-KEYS[9] ticket hash prefix      {q}:t:   (the record an idempotency key names; same hash tag)
-KEYS[10] branch depth of type   {q}:branch-depth:<type> (branch → its queued tickets of the type)
-KEYS[11] shed counts of the minute {q}:sheds:<minute>  ("<type>:<code>" → count; lives ARGV[13])
+The batch is checked before anything is written: a ticket with a bad value fails the whole call
+with an error naming the ticket (its place from 1 and its id) and the field, and nothing of the
+batch is stored. Past the check each ticket stands on its own (queued, existing or rejected), in
+batch order, so a later ticket sees the earlier ones (its fair share, its turn, its idempotency key).
 
-ARGV[1]  ticket id
-ARGV[2]  ticket type
-ARGV[3]  sorted-set score (shared/scoring.py)
-ARGV[4]  created_at (Unix seconds)
-ARGV[5]  expires_at (Unix seconds)
-ARGV[6]  idempotency key, "" for none
-ARGV[7]  cap: most queued tickets of this type
-ARGV[8]  seconds an accepted ticket's idempotency key lives (its longest retention)
-ARGV[9]  ready_at: when later than created_at the ticket is deferred (parked in the delayed set)
-ARGV[10] shed code admission decided (shared/shed.py), "" when it admitted the ticket
-ARGV[11] words for that code
-ARGV[12] words for the cap's code, used when the cap refuses the ticket
-ARGV[13] seconds a rejected record (and its idempotency key) lives
-ARGV[14] Retry-After seconds a rejected submitter is told
-ARGV[15] most wake-up markers the wake list holds
-ARGV[16] n: the first n field/value pairs below are the lean record's
-ARGV[17..] field, value pairs of the ticket hash (the lean ones first)
+KEYS[1] pending zset            {q}:pending
+KEYS[2] deadlines zset          {q}:deadlines
+KEYS[3] counts hash             {q}:counts
+KEYS[4] wake list               {q}:wake
+KEYS[5] delayed zset            {q}:delayed
+KEYS[6] ticket hash prefix      {q}:t:      (ids are the caller's; the prefix carries the queue's
+                                             hash tag, so every key stays on one slot)
+KEYS[7] idempotency prefix      {q}:idem:   (+ "<branch>:<key>")
+KEYS[8] shed counts of the minute {q}:sheds:<minute>  ("<type>:<code>" → count; lives ARGV[3])
+KEYS[9..8+n] waiting zset of each type, in the order of the type names below
+KEYS[9+n..8+2n] branch depth hash of each type, same order
+
+ARGV[1] created_at of every ticket of the batch (Unix seconds)
+ARGV[2] seconds an accepted ticket's idempotency key lives (its longest retention)
+ARGV[3] seconds a rejected record (and its idempotency key) lives
+ARGV[4] most wake-up markers the wake list holds
+ARGV[5] n, the number of types; then n type names, n caps (most queued tickets of the type) and n
+        words for the cap's code (used when the cap refuses a ticket)
+then, per ticket, 13 values and its hash fields:
+        id, type, branch, priority, sorted-set score (shared/scoring.py), expires_at, idempotency
+        key ("" for none), ready_at (later than created_at: deferred, parked in the delayed set),
+        shed code admission decided ("" when admitted), words for that code, Retry-After seconds,
+        l and f; then f field, value pairs to store, of which the first l are the lean record's
 
 Fair share: while other branches have queued tickets of the type, a branch holding cap ÷ (waiting
 branches) of them is refused (code branch_share_exceeded, words left to the caller); a branch below
@@ -43,72 +42,127 @@ others out of a type. Turns: while several branches wait, a new ticket is scored
 type's equal-priority ticket at its round-robin place (lib/tickets.lua `turn_score`), so branches
 of equal priority are served in turn instead of a flood first.
 
-Returns {"queued", id} | {"existing", id of the earlier ticket} | {"rejected", id, code, words}.
+Returns one flat list, four values per ticket in batch order: "queued", id, "", "" |
+"existing", id of the earlier ticket, "", "" | "rejected", id, code, words.
 ]]
 -- @include tickets
 
-local id = ARGV[1]
-local ticket_key = KEYS[1]
-local ticket_type = ARGV[2]
-local has_idem = ARGV[6] ~= ''
+local created = ARGV[1]
+local ntypes = tonumber(ARGV[5])
+local waiting = waiting_keys(9, 6, ntypes)
+local depths = waiting_keys(9 + ntypes, 6, ntypes)
+local caps, cap_words = {}, {}
+for i = 0, ntypes - 1 do
+  caps[ARGV[6 + i]] = tonumber(ARGV[6 + ntypes + i])
+  cap_words[ARGV[6 + i]] = ARGV[6 + 2 * ntypes + i]
+end
 
-if has_idem then
-  local existing = redis.call('GET', KEYS[5])
-  if existing then
-    if redis.call('HGET', KEYS[9] .. existing, 'status') ~= 'rejected' then
-      -- The key expires with the ticket's retention, so it never outlives the ticket it names.
-      return {'existing', existing}
+-- Check every ticket before writing any, so a refused batch leaves nothing behind.
+local function bad(i, id, field, value, wanted)
+  return redis.error_reply('ticket ' .. i .. ' (' .. id .. '): ' .. field .. ' ' .. string.format('%q', value) ..
+    ' is not accepted; expected ' .. wanted)
+end
+local numbers = {{4, 'score'}, {5, 'expires_at'}, {7, 'ready_at'}, {10, 'retry_after'}}
+local starts = {}
+local at = 6 + 3 * ntypes
+while at <= #ARGV do
+  local i = #starts + 1
+  local id = ARGV[at]
+  local lean, fields = tonumber(ARGV[at + 11]), tonumber(ARGV[at + 12])
+  if not lean or not fields or lean > fields or at + 12 + 2 * fields > #ARGV then
+    return bad(i, id or '', 'fields', (ARGV[at + 11] or '') .. ' ' .. (ARGV[at + 12] or ''),
+      'the counts of lean and of all field pairs that follow')
+  end
+  if id == '' then return bad(i, id, 'id', id, 'a ticket id') end
+  if not waiting[ARGV[at + 1]] then return bad(i, id, 'type', ARGV[at + 1], 'one of the types') end
+  if ARGV[at + 2] == '' then return bad(i, id, 'branch_id', '', 'a branch') end
+  for n = 1, #numbers do
+    local f = numbers[n]
+    if not tonumber(ARGV[at + f[1]]) then return bad(i, id, f[2], ARGV[at + f[1]], 'a number') end
+  end
+  starts[i] = at
+  at = at + 13 + 2 * fields
+end
+
+local submitted, rejected, shed = {}, {}, {}
+local function bump(map, name)
+  map[name] = (map[name] or 0) + 1
+end
+local out = {}
+local function emit(outcome, id, code, words)
+  local n = #out
+  out[n + 1], out[n + 2], out[n + 3], out[n + 4] = outcome, id, code, words
+end
+local queued = 0
+for i = 1, #starts do
+  local at = starts[i]
+  local id, ticket_type, branch, priority = ARGV[at], ARGV[at + 1], ARGV[at + 2], ARGV[at + 3]
+  local score, idem = ARGV[at + 4], ARGV[at + 6]
+  local fields_at = at + 13
+  local lean_end = fields_at + 2 * tonumber(ARGV[at + 11]) - 1
+  local fields_end = fields_at + 2 * tonumber(ARGV[at + 12]) - 1
+  local ticket_key = KEYS[6] .. id
+  local idem_key = idem ~= '' and (KEYS[7] .. branch .. ':' .. idem) or nil
+  local done = false
+  if idem_key then
+    local existing = redis.call('GET', idem_key)
+    if existing then
+      if redis.call('HGET', KEYS[6] .. existing, 'status') ~= 'rejected' then
+        -- The key expires with the ticket's retention, so it never outlives the ticket it names.
+        emit('existing', existing, '', '')
+        done = true
+      else
+        -- An earlier try of this submission was shed: this one takes over its id and record.
+        id = existing
+        ticket_key = KEYS[6] .. existing
+        redis.call('DEL', ticket_key)
+      end
     end
-    -- An earlier try of this submission was shed: this one takes over its id and record.
-    id = existing
-    ticket_key = KEYS[9] .. existing
-    redis.call('DEL', ticket_key)
+  end
+  if not done then
+    bump(submitted, ticket_type)
+    local code, words = ARGV[at + 8], ARGV[at + 9]
+    local held, branches = 0, 1
+    if code == '' then
+      held, branches = branch_standing(depths[ticket_type], branch)
+      code, words = fair_share_verdict(waiting[ticket_type], held, branches, caps[ticket_type],
+        cap_words[ticket_type])
+    end
+    if code ~= '' then
+      redis.call('HSET', ticket_key, 'id', id, 'status', 'rejected', 'shed_code', code,
+        'retry_after', ARGV[at + 10], unpack(ARGV, fields_at, lean_end))
+      redis.call('EXPIRE', ticket_key, ARGV[3])
+      if idem_key then redis.call('SET', idem_key, id, 'EX', ARGV[3]) end
+      bump(rejected, ticket_type)
+      bump(shed, ticket_type .. ':' .. code)
+      emit('rejected', id, code, words)
+    else
+      local deferred = tonumber(ARGV[at + 7]) > tonumber(created)
+      if not deferred then
+        score = turn_score(waiting[ticket_type], KEYS[1], KEYS[6], held, branches, priority, score)
+      end
+      redis.call('HSET', ticket_key, 'id', id, 'status', 'queued', 'score', score,
+        unpack(ARGV, fields_at, fields_end))
+      if deferred then
+        redis.call('ZADD', KEYS[5], ARGV[at + 7], id)
+      else
+        redis.call('ZADD', KEYS[1], score, id)
+      end
+      redis.call('ZADD', KEYS[2], ARGV[at + 5], id)
+      redis.call('ZADD', waiting[ticket_type], created, id)
+      count_branch(depths[ticket_type], branch, 1)
+      if idem_key then redis.call('SET', idem_key, id, 'EX', ARGV[2]) end
+      queued = queued + 1
+      emit('queued', id, '', '')
+    end
   end
 end
 
-redis.call('HINCRBY', KEYS[6], ticket_type .. ':submitted', 1)
-
-local branch, priority = nil, nil
-for i = 17, #ARGV - 1, 2 do
-  if ARGV[i] == 'branch_id' then branch = ARGV[i + 1] end
-  if ARGV[i] == 'priority' then priority = ARGV[i + 1] end
+for name, n in pairs(submitted) do redis.call('HINCRBY', KEYS[3], name .. ':submitted', n) end
+for name, n in pairs(rejected) do redis.call('HINCRBY', KEYS[3], name .. ':rejected', n) end
+if next(shed) then
+  for name, n in pairs(shed) do redis.call('HINCRBY', KEYS[8], name, n) end
+  redis.call('EXPIRE', KEYS[8], ARGV[3])
 end
-
-local code, words = ARGV[10], ARGV[11]
-if code == '' then
-  code, words = fair_share_verdict(KEYS[4], KEYS[10], branch, tonumber(ARGV[7]), ARGV[12])
-end
-
-if code ~= '' then
-  local lean_end = 16 + 2 * tonumber(ARGV[16])
-  redis.call('HSET', ticket_key, 'id', id, 'status', 'rejected', 'shed_code', code,
-    'retry_after', ARGV[14], unpack(ARGV, 17, lean_end))
-  redis.call('EXPIRE', ticket_key, ARGV[13])
-  if has_idem then
-    redis.call('SET', KEYS[5], id, 'EX', ARGV[13])
-  end
-  redis.call('HINCRBY', KEYS[6], ticket_type .. ':rejected', 1)
-  redis.call('HINCRBY', KEYS[11], ticket_type .. ':' .. code, 1)
-  redis.call('EXPIRE', KEYS[11], ARGV[13])
-  return {'rejected', id, code, words}
-end
-
-local deferred = tonumber(ARGV[9]) > tonumber(ARGV[4])
-local score = ARGV[3]
-if not deferred then
-  score = turn_score(KEYS[4], KEYS[2], KEYS[9], KEYS[10], branch, priority, score)
-end
-redis.call('HSET', ticket_key, 'id', id, 'status', 'queued', 'score', score, unpack(ARGV, 17))
-if deferred then
-  redis.call('ZADD', KEYS[8], ARGV[9], id)
-else
-  redis.call('ZADD', KEYS[2], score, id)
-end
-redis.call('ZADD', KEYS[3], ARGV[5], id)
-redis.call('ZADD', KEYS[4], ARGV[4], id)
-count_branch(KEYS[10], branch, 1)
-if has_idem then
-  redis.call('SET', KEYS[5], id, 'EX', ARGV[8])
-end
-wake_workers(KEYS[7], 1, tonumber(ARGV[15]))
-return {'queued', id}
+if queued > 0 then wake_workers(KEYS[4], queued, tonumber(ARGV[4])) end
+return out

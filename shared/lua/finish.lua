@@ -1,32 +1,60 @@
 --[[
-Finish a running ticket (done, or failed for good) — only for the holder of the current lease.
-A worker whose lease expired and was taken over holds a stale token and cannot write an answer.
+Finish running tickets (done, or failed for good), each only for the holder of its current lease:
+a worker whose lease expired and was taken over holds a stale token and cannot write an answer.
+Several tickets share one call (one round trip), each fenced on its own; the batch is checked
+before anything is written, so a bad value refuses the whole call with an error naming the ticket
+(its place from 1 and its id) and the field, and nothing is finished.
 
-KEYS[1] ticket hash             {q}:t:<id>
-KEYS[2] inflight zset           {q}:inflight
-KEYS[3] counts hash             {q}:counts
-KEYS[4] outbox list             {q}:outbox
+KEYS[1] inflight zset           {q}:inflight
+KEYS[2] counts hash             {q}:counts
+KEYS[3] outbox list             {q}:outbox
+KEYS[4] ticket hash prefix      {q}:t:   (+ id; the prefix carries the queue's hash tag)
 
-ARGV[1] ticket id
-ARGV[2] fencing token from the claim
-ARGV[3] now (Unix seconds)
-ARGV[4] final status: "done" or "failed"
-ARGV[5] retention spec for tickets ended here (lib/tickets.lua `retention_for`)
-ARGV[6] error text ("" for none)
-ARGV[7..] field, value pairs to store (result, usage, first_token_at, ...)
+ARGV[1] now (Unix seconds)
+ARGV[2] retention spec for tickets ended here (lib/tickets.lua `retention_for`)
+then, per ticket: id, fencing token from the claim, final status ("done" or "failed"), error text
+("" for none), f; then f field, value pairs to store (result, usage, first_token_at, ...)
 
-Returns "ok", or "stale:<status>" when the caller no longer holds the lease (nothing is written).
+Returns one reply per ticket in order: "ok", or "stale:<status>" when the caller no longer holds
+that ticket's lease (nothing of it is written).
 ]]
 -- @include tickets
 
-local key = KEYS[1]
-local t = redis.call('HMGET', key, 'status', 'token', 'type')
-if t[1] ~= 'running' or t[2] ~= ARGV[2] then
-  return 'stale:' .. (t[1] or 'missing')
+local function bad(i, id, field, value, wanted)
+  return redis.error_reply('ticket ' .. i .. ' (' .. id .. '): ' .. field .. ' ' .. string.format('%q', value) ..
+    ' is not accepted; expected ' .. wanted)
 end
-if #ARGV >= 8 then
-  redis.call('HSET', key, unpack(ARGV, 7))
+local finals = {done = true, failed = true}
+local starts = {}
+local at = 3
+while at <= #ARGV do
+  local i = #starts + 1
+  local id = ARGV[at]
+  local fields = tonumber(ARGV[at + 4])
+  if not fields or at + 4 + 2 * fields > #ARGV then
+    return bad(i, id, 'fields', ARGV[at + 4] or '', 'the count of the field pairs that follow')
+  end
+  if id == '' then return bad(i, id, 'id', id, 'a ticket id') end
+  if not finals[ARGV[at + 2]] then return bad(i, id, 'status', ARGV[at + 2], '"done" or "failed"') end
+  starts[i] = at
+  at = at + 5 + 2 * fields
 end
-redis.call('ZREM', KEYS[2], ARGV[1])
-finish_ticket(key, ARGV[1], t[3], ARGV[4], ARGV[3], ARGV[5], ARGV[6], KEYS[3], KEYS[4])
-return 'ok'
+
+local replies = {}
+for i = 1, #starts do
+  local at = starts[i]
+  local id, key = ARGV[at], KEYS[4] .. ARGV[at]
+  local t = redis.call('HMGET', key, 'status', 'token', 'type')
+  if t[1] ~= 'running' or t[2] ~= ARGV[at + 1] then
+    replies[i] = 'stale:' .. (t[1] or 'missing')
+  else
+    local fields = tonumber(ARGV[at + 4])
+    if fields > 0 then
+      redis.call('HSET', key, unpack(ARGV, at + 5, at + 4 + 2 * fields))
+    end
+    redis.call('ZREM', KEYS[1], id)
+    finish_ticket(key, id, t[3], ARGV[at + 2], ARGV[1], ARGV[2], ARGV[at + 3], KEYS[2], KEYS[3])
+    replies[i] = 'ok'
+  end
+end
+return replies

@@ -8,8 +8,10 @@ HTTP path's speed, not the shedding). Then, in the same run and on the same Redi
 - accept rate: threads with keep-alive sessions POST loan approvals to /v1/tickets for `seconds`;
 - direct rate: the same threads call `Producer.submit` in this process for `seconds`;
 - 429 time: the red alarm is published (refreshed as the monitor would) and complaints are POSTed,
-  first by one client alone (the answer's own time), then by all threads at once (time under load);
-  each shed answer's round trip is timed on the client.
+  first by one client alone (the answer's own time), then by all threads at once (time under load),
+  then by `storm_clients` clients retrying soon after every 429 (ops/lab/bench/api_storm.py);
+  each shed answer's round trip is timed on the client;
+- the books: every 202 is a queued ticket and every 429 a rejected one in the queue's counts.
 Medians over runs are printed; every run's figures are kept in the JSON output.
 """
 
@@ -35,11 +37,13 @@ from urllib.parse import urlsplit
 import typer
 from redis import Redis
 
+from ops.lab.bench.api_storm import StormAnswers, storm
 from ops.lab.procs.ports import free_port, http_ok
 from producer.api.keys import ApiKeyStore, Role
 from producer.producer import Producer
 from shared.keys import QueueKeys
 from shared.policy import default_policy_text, parse_policy
+from shared.queue import TicketQueue
 from shared.redis_conn import make_client, resolve_redis_url
 
 app = typer.Typer(add_completion=False)
@@ -71,6 +75,11 @@ class RunFigures:
     shed_p99_ms: float
     shed_answers: int
     api_errors: int
+    storm_answers_per_s: float
+    storm_p50_ms: float
+    storm_p99_ms: float
+    storm_other_answers: int
+    books_balanced: bool
 
 
 @contextmanager
@@ -189,7 +198,14 @@ def delete_queue(redis: Redis, queue: str) -> None:
         redis.delete(*batch)
 
 
-def one_run(redis_url: str, threads: int, seconds: float, workers: int) -> RunFigures:
+def one_run(
+    redis_url: str,
+    threads: int,
+    seconds: float,
+    workers: int,
+    storm_clients: int = 0,
+    storm_pause_s: float = 0.1,
+) -> RunFigures:
     queue = f"bench-api-{uuid.uuid4().hex[:10]}"
     keys = QueueKeys(queue)
     redis = make_client(redis_url)
@@ -206,15 +222,24 @@ def one_run(redis_url: str, threads: int, seconds: float, workers: int) -> RunFi
         with api_process(env, workers) as base_url:
             clients = [KeepAliveClient(base_url, token) for _ in range(threads)]
             loan, complaint = json.dumps(LOAN).encode(), json.dumps(COMPLAINT).encode()
-            _hammer(threads, 1.0, lambda i: clients[i].post(PATH, loan, 202))  # warm up
+            warm, _, _ = _hammer(threads, 1.0, lambda i: clients[i].post(PATH, loan, 202))
             accepted, api_errors, accept_latencies = _hammer(
                 threads, seconds, lambda i: clients[i].post(PATH, loan, 202)
             )
 
             direct_ok = _direct_accepts(Producer(redis, policy, queue), threads, seconds)
-            alone_latencies, shed, shed_latencies = _shed_answers(redis, keys, clients, complaint, seconds)
+            alone_latencies, shed, shed_latencies, stormed = _shed_answers(
+                redis, keys, clients, complaint, seconds, (base_url, token, storm_clients, storm_pause_s)
+            )
             for client in clients:
                 client.close()
+        storm_sheds = stormed.statuses.get(429, 0)
+        counts = TicketQueue(redis, policy, queue).stats()
+        books = (
+            counts.outcome_count("loan_approval", "submitted") == warm + accepted + direct_ok
+            and counts.outcome_count("complaint", "rejected") == len(alone_latencies) + shed + storm_sheds
+            and counts.outcome_count("complaint", "submitted") == len(alone_latencies) + shed + storm_sheds
+        )
         return RunFigures(
             api_accepts_per_s=accepted / seconds,
             direct_accepts_per_s=direct_ok / seconds,
@@ -226,6 +251,11 @@ def one_run(redis_url: str, threads: int, seconds: float, workers: int) -> RunFi
             shed_p99_ms=_percentile_ms(shed_latencies, 99),
             shed_answers=shed,
             api_errors=api_errors,
+            storm_answers_per_s=len(stormed.latencies) / stormed.seconds if stormed.seconds else 0.0,
+            storm_p50_ms=_percentile_ms(stormed.latencies, 50),
+            storm_p99_ms=_percentile_ms(stormed.latencies, 99),
+            storm_other_answers=len(stormed.latencies) - storm_sheds,
+            books_balanced=books,
         )
     finally:
         delete_queue(redis, queue)
@@ -246,20 +276,30 @@ def _direct_accepts(producer: Producer, threads: int, seconds: float) -> int:
 
 
 def _shed_answers(
-    redis: Redis, keys: QueueKeys, clients: list[KeepAliveClient], body: bytes, seconds: float
-) -> tuple[list[float], int, list[float]]:
-    """429 latencies with the queue held at red: one client alone, then every client at once."""
+    redis: Redis,
+    keys: QueueKeys,
+    clients: list[KeepAliveClient],
+    body: bytes,
+    seconds: float,
+    storm_plan: tuple[str, str, int, float],
+) -> tuple[list[float], int, list[float], StormAnswers]:
+    """429 latencies with the queue held at red: one client alone, then every client at once, then
+    the retry storm (`storm_plan`: base URL, key, clients, mean pause; no storm with 0 clients)."""
     stop = threading.Event()
     refresher = threading.Thread(target=_keep_red, args=(redis, keys, stop), daemon=True)
     refresher.start()
     time.sleep(0.5)  # past the API's 0.25 s admission cache
+    base_url, token, storm_clients, pause_s = storm_plan
     try:
         _, _, alone = _hammer(1, seconds / 2, lambda i: clients[i].post(PATH, body, 429))
         shed, _, latencies = _hammer(len(clients), seconds, lambda i: clients[i].post(PATH, body, 429))
+        stormed = StormAnswers()
+        if storm_clients:
+            stormed = storm(base_url, PATH, token, body, storm_clients, seconds, pause_s)
     finally:
         stop.set()
         refresher.join()
-    return alone, shed, latencies
+    return alone, shed, latencies, stormed
 
 
 @app.command()
@@ -268,18 +308,26 @@ def main(
     seconds: float = typer.Option(5.0, "--seconds", min=0.5, help="length of each measured phase"),
     threads: int = typer.Option(16, "--threads", min=1, help="client threads (one keep-alive session each)"),
     workers: int = typer.Option(2, "--workers", min=1, help="uvicorn worker processes"),
+    storm_clients: int = typer.Option(200, "--storm-clients", min=0, help="retry-storm clients; 0: no storm"),
+    storm_pause_ms: float = typer.Option(
+        100.0, "--storm-pause-ms", min=0.0, help="a storm client's mean pause between tries"
+    ),
     redis_url: str | None = typer.Option(None, "--redis-url", help="default: TIDEGATE_REDIS_URL or local"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON document"),
 ) -> None:
     """Accept rate through HTTP beside the direct Python producer, and the p99 time of a 429."""
     url = resolve_redis_url(redis_url or os.environ.get("TIDEGATE_REDIS_URL"))
-    figures = [one_run(url, threads, seconds, workers) for _ in range(runs)]
+    figures = [
+        one_run(url, threads, seconds, workers, storm_clients, storm_pause_ms / 1000) for _ in range(runs)
+    ]
     medians = {name: statistics.median(getattr(f, name) for f in figures) for name in asdict(figures[0])}
     doc = {
         "runs": runs,
         "seconds": seconds,
         "threads": threads,
         "uvicorn_workers": workers,
+        "storm_clients": storm_clients,
+        "storm_pause_ms": storm_pause_ms,
         "cpus": os.cpu_count(),
         "median": medians,
         "each_run": [asdict(f) for f in figures],
@@ -293,7 +341,10 @@ def main(
         f"(p50 {medians['api_accept_p50_ms']:.1f} ms, p99 {medians['api_accept_p99_ms']:.1f} ms)\n"
         f"  Python producer      {medians['direct_accepts_per_s']:8.0f} tickets/s\n"
         f"  429, one client      p50 {medians['shed_alone_p50_ms']:.1f} ms, p99 {medians['shed_alone_p99_ms']:.1f} ms\n"
-        f"  429, {threads:2d} clients     p50 {medians['shed_p50_ms']:.1f} ms, p99 {medians['shed_p99_ms']:.1f} ms"
+        f"  429, {threads:2d} clients     p50 {medians['shed_p50_ms']:.1f} ms, p99 {medians['shed_p99_ms']:.1f} ms\n"
+        f"  429, {storm_clients} retrying  p50 {medians['storm_p50_ms']:.1f} ms, p99 {medians['storm_p99_ms']:.1f} ms "
+        f"({medians['storm_answers_per_s']:.0f} answers/s)\n"
+        f"  books balanced in every run: {all(f.books_balanced for f in figures)}"
     )
 
 

@@ -19,7 +19,7 @@ from redis import Redis
 
 from shared.models import TicketRequest
 from shared.policy import Policy, load_policy
-from shared.queue import TicketQueue
+from shared.queue import Outcome, TicketQueue
 
 
 @dataclass(frozen=True)
@@ -264,8 +264,7 @@ def _drain(redis_url: str, queue_name: str, worker: str, start: Any) -> None:
         claimed = queue.claim(worker, 16)
         if not claimed:
             return
-        for c in claimed:
-            queue.finish(c.ticket.id, c.token, "done", result="")
+        queue.finish_many([Outcome(c.ticket.id, c.token, "done", result="") for c in claimed])
 
 
 def ratios(result: QueueBenchResult) -> dict[str, float]:

@@ -12,31 +12,34 @@ local function count_branch(depth_key, branch, delta)
   end
 end
 
--- The cap and fair-share rule of enqueue.lua: "", "" to admit, else the code and words. `waiting_key`
--- holds the type's queued tickets, `depth_key` each waiting branch's count of them.
-local function fair_share_verdict(waiting_key, depth_key, branch, cap, cap_words)
-  local depth = redis.call('ZCARD', waiting_key)
-  local held = tonumber(redis.call('HGET', depth_key, branch or '') or '0')
+-- Where `branch` stands among a type's waiting branches (`depth_key`): its queued tickets of the
+-- type, and how many branches wait once it is counted among them. Read once per new ticket and
+-- used by both rules below.
+local function branch_standing(depth_key, branch)
+  local held = tonumber(redis.call('HGET', depth_key, branch) or '0')
   local branches = redis.call('HLEN', depth_key)
   if held == 0 then branches = branches + 1 end
+  return held, branches
+end
+
+-- The cap and fair-share rule of enqueue.lua: "", "" to admit, else the code and words. `waiting_key`
+-- holds the type's queued tickets; `held` and `branches` are the branch's standing.
+local function fair_share_verdict(waiting_key, held, branches, cap, cap_words)
   if branches > 1 and held >= math.max(1, math.floor(cap / branches)) then
     return 'branch_share_exceeded', ''
   end
+  local depth = redis.call('ZCARD', waiting_key)
   if depth >= 2 * cap or (depth >= cap and branches == 1) then
     return 'type_cap_reached', cap_words
   end
   return '', ''
 end
 
--- The score of a new ticket of `branch` that takes its turn: with k branches waiting, its j-th
+-- The score of a new ticket that takes its turn: with k branches waiting, the branch's j-th
 -- queued ticket goes just behind the type's (j·(k−1))-th oldest one, if that one has the same
 -- priority and a lower score; else the ticket keeps `score`. Against every other ticket it then
 -- takes the order of the one it follows: one turn ahead of a flood, not a jump over other priorities.
-local function turn_score(waiting_key, pending_key, prefix, depth_key, branch, priority, score)
-  if not branch or not priority then return score end
-  local held = tonumber(redis.call('HGET', depth_key, branch) or '0')
-  local branches = redis.call('HLEN', depth_key)
-  if held == 0 then branches = branches + 1 end
+local function turn_score(waiting_key, pending_key, prefix, held, branches, priority, score)
   if branches < 2 then return score end
   local rank = (held + 1) * (branches - 1) - 1
   local at = redis.call('ZRANGE', waiting_key, rank, rank)[1]
@@ -105,8 +108,12 @@ end
 
 -- Leave `count` wake-up markers for idle workers, keeping at most `cap` in the list.
 local function wake_workers(wake_key, count, cap)
-  for _ = 1, math.min(count, cap) do
-    redis.call('LPUSH', wake_key, '1')
+  local markers = {}
+  for i = 1, math.min(count, cap) do
+    markers[i] = '1'
+  end
+  if #markers > 0 then
+    redis.call('LPUSH', wake_key, unpack(markers))
   end
   redis.call('LTRIM', wake_key, 0, cap - 1)
 end

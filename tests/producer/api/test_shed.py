@@ -93,7 +93,8 @@ def test_type_cap_is_a_rate_limit(api: Api, operator_key: str, api_settings: Set
 
 
 class _RoundTrips:
-    """Counts connections taken from a pool: one per command or pipeline, i.e. per round trip."""
+    """Counts connections taken from the API's pools (its client and the accept path's asyncio
+    client): one per command or pipeline, i.e. per round trip."""
 
     def __init__(self, context: ApiContext, monkeypatch: pytest.MonkeyPatch) -> None:
         self.count = 0
@@ -105,6 +106,16 @@ class _RoundTrips:
             return original(*args, **kwargs)
 
         monkeypatch.setattr(pool, "get_connection", counted)
+        accept = context.producer.async_redis
+        assert accept is not None, "the API submits on its asyncio client"
+        async_pool = accept.connection_pool
+        async_original = async_pool.get_connection
+
+        async def counted_async(*args: Any, **kwargs: Any) -> Any:
+            self.count += 1
+            return await async_original(*args, **kwargs)
+
+        monkeypatch.setattr(async_pool, "get_connection", counted_async)
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import pytest
 
 from shared.models import TicketRequest, TicketStatus
 from shared.policy import Policy, load_policy
-from shared.queue import TicketQueue
+from shared.queue import Outcome, TicketQueue
 from tests.redis_cluster import suite_client
 
 TICKETS = 3000
@@ -20,11 +20,14 @@ CONSUMERS = 8
 pytestmark = pytest.mark.flaky(reruns=0)
 
 
-def consume(redis_url: str, queue_name: str, worker: str, abandon_every: int) -> list[tuple[str, str]]:
+def consume(
+    redis_url: str, queue_name: str, worker: str, abandon_every: int, batched: bool
+) -> list[tuple[str, str]]:
     """Claim batches until the queue stays empty; return (ticket id, event) pairs.
 
     With `abandon_every` > 0 this consumer "dies" holding every n-th batch: it never acks it, as a
-    worker killed with -9 would, and the reaper must give those tickets to someone else.
+    worker killed with -9 would, and the reaper must give those tickets to someone else. A
+    `batched` consumer finishes a batch in one call (`finish_many`), each ticket fenced on its own.
     """
     queue = TicketQueue(suite_client(redis_url), load_policy(), queue_name)
     _wait_for_every_consumer(queue)
@@ -41,6 +44,14 @@ def consume(redis_url: str, queue_name: str, worker: str, abandon_every: int) ->
         batches += 1
         if abandon_every and batches % abandon_every == 0:
             events.extend((c.ticket.id, "abandoned") for c in claimed)
+            continue
+        if batched:
+            replies = queue.finish_many(
+                [Outcome(c.ticket.id, c.token, "done", result=worker) for c in claimed]
+            )
+            events.extend(
+                (c.ticket.id, "done" if r == "ok" else "stale") for c, r in zip(claimed, replies, strict=True)
+            )
             continue
         for c in claimed:
             ok = queue.finish(c.ticket.id, c.token, "done", result=worker)
@@ -64,7 +75,7 @@ def run_consumers(redis_url: str, queue_name: str, abandon: dict[int, int]) -> l
     ctx = mp.get_context("spawn")
     with ctx.Pool(CONSUMERS) as pool:
         jobs = [
-            pool.apply_async(consume, (redis_url, queue_name, f"w{i}", abandon.get(i, 0)))
+            pool.apply_async(consume, (redis_url, queue_name, f"w{i}", abandon.get(i, 0), i % 2 == 1))
             for i in range(CONSUMERS)
         ]
         return [event for job in jobs for event in job.get(timeout=120)]
