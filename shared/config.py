@@ -72,10 +72,10 @@ class Settings(BaseSettings):
         "per prompt token, time per output token) rises, and raise it again when it falls",
     )
     adaptive_tolerance: float = Field(
-        default=2.0,
+        default=1.25,
         ge=1,
         description="how many times its baseline per-token latency a worker tolerates before it lowers "
-        "its in-flight limit; fuller batches make every token slower, so near 1 the limit stays small",
+        "its in-flight limit; higher keeps the batch fuller at the cost of slower tokens",
     )
     preemption: bool = Field(
         default=True,

@@ -29,7 +29,7 @@ class WorkerConfig:
     """While service is degraded, cap other work so critical answers fit their SLO (latency_guard)."""
     adaptive_limit: bool = True
     """Bound the in-flight limit by per-token latency too (`worker/concurrency_limit.py`)."""
-    adaptive_tolerance: float = 2.0
+    adaptive_tolerance: float = 1.25
     """Short over long per-token latency the adaptive limit tolerates before it shrinks."""
     preemption: bool = True
     """At the limit, put the newest non-critical ticket back for a waiting critical one."""
