@@ -82,6 +82,13 @@ class Settings(BaseSettings):
         description="a worker at its limit puts its newest non-critical ticket back in the queue (no "
         "attempt used) so a waiting critical ticket starts now",
     )
+    preemption_patience: float = Field(
+        default=0.25,
+        ge=0,
+        lt=1,
+        description="share of a critical ticket's SLO it waits for a free slot before a worker preempts "
+        "a running ticket for it (a preemption throws that ticket's work away); 0 = at once",
+    )
     prefill_guard_tokens: int = Field(
         default=8192,
         ge=0,

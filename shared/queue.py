@@ -115,6 +115,14 @@ def _name_outcome(span: Any, results: Sequence[EnqueueResult]) -> None:
         span.set_attribute("tidegate.outcome", results[0].outcome)
 
 
+@dataclass(frozen=True)
+class QueueHead:
+    """The next ticket a claim would take: its type, and when it was submitted (Unix seconds)."""
+
+    type: str
+    created_at: float
+
+
 class TicketQueue:
     def __init__(
         self, redis: Redis, policy: Policy, queue_name: str = "default", *, replica_acks: int = 0
@@ -427,14 +435,22 @@ class TicketQueue:
             )
         )
 
-    def head_type(self) -> str | None:
-        """The type of the ticket at the head of the pending set (None when it is empty): a full
-        worker reads it to tell whether a critical ticket is waiting. Advisory, not atomic."""
+    def head(self) -> QueueHead | None:
+        """The ticket at the head of the pending set (None when it is empty): a full worker reads it
+        to tell whether a critical ticket is waiting, and since when. Advisory, not atomic."""
         head = cast("list[str]", self.redis.zrange(self.keys.pending, 0, 0))
         if not head:
             return None
-        ticket_type = self.redis.hget(self.keys.ticket(head[0]), "type")
-        return None if ticket_type is None else str(ticket_type)
+        ticket_type, created_at = cast(
+            "list[str | None]", self.redis.hmget(self.keys.ticket(head[0]), ["type", "created_at"])
+        )
+        if ticket_type is None:
+            return None
+        return QueueHead(str(ticket_type), float(created_at) if created_at else clock.now())
+
+    def head_type(self) -> str | None:
+        head = self.head()
+        return None if head is None else head.type
 
     # ---- maintenance ------------------------------------------------------------------------
     def reap(self, owner: str, interval_seconds: float = 1.0, limit: int = 1000) -> ReapResult:

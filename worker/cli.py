@@ -83,6 +83,9 @@ def worker(
         bool | None,
         typer.Option("--preemption/--no-preemption", help=setting_help("preemption")),
     ] = None,
+    preemption_patience: Annotated[
+        float | None, typer.Option(help=setting_help("preemption_patience"))
+    ] = None,
     prefill_guard_tokens: Annotated[
         int | None, typer.Option(help=setting_help("prefill_guard_tokens"))
     ] = None,
@@ -145,6 +148,7 @@ def worker(
         adaptive_limit=adaptive_limit,
         adaptive_tolerance=adaptive_tolerance,
         preemption=preemption,
+        preemption_patience=preemption_patience,
         prefill_guard_tokens=prefill_guard_tokens,
         lease_seconds=lease_seconds,
     )
@@ -191,6 +195,7 @@ def worker(
             adaptive_limit=settings.adaptive_limit,
             adaptive_tolerance=settings.adaptive_tolerance,
             preemption=settings.preemption,
+            preemption_patience=settings.preemption_patience,
             prefill_guard_tokens=settings.prefill_guard_tokens,
             lease_seconds=settings.policy.queue.lease_seconds,
             grace_seconds=grace_seconds,
@@ -322,6 +327,8 @@ def _child_args(
         "--adaptive-tolerance",
         repr(settings.adaptive_tolerance),
         "--preemption" if settings.preemption else "--no-preemption",
+        "--preemption-patience",
+        repr(settings.preemption_patience),
         "--prefill-guard-tokens",
         str(settings.prefill_guard_tokens),
         "--lease-seconds",

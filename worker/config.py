@@ -33,6 +33,8 @@ class WorkerConfig:
     """Short over long per-token latency the adaptive limit tolerates before it shrinks."""
     preemption: bool = True
     """At the limit, put the newest non-critical ticket back for a waiting critical one."""
+    preemption_patience: float = 0.25
+    """Share of a critical ticket's SLO it waits for a free slot before a preemption."""
     max_preemptions: int = 2
     """Times one ticket may be put back; after that it runs to the end."""
     prefill_guard_tokens: int = 8192
@@ -59,6 +61,7 @@ class WorkerConfig:
             "kv_high_watermark": (0 < self.kv_high_watermark <= 1, "0 < watermark ≤ 1"),
             "critical_headroom": (0 <= self.critical_headroom < 1, "0 ≤ share < 1"),
             "max_preemptions": (self.max_preemptions >= 0, "0 or more"),
+            "preemption_patience": (0 <= self.preemption_patience < 1, "0 ≤ share < 1"),
             "prefill_guard_tokens": (self.prefill_guard_tokens >= 0, "0 or more (0 = no bound)"),
             "lease_seconds": (self.lease_seconds > 0, "more than 0"),
             "grace_seconds": (self.grace_seconds >= 0, "0 or more"),

@@ -22,7 +22,7 @@ from typing import Any
 
 from redis import Redis
 
-from shared.queue import MAX_BLOCK_SECONDS, ClaimedTicket, ReapResult, TicketQueue
+from shared.queue import MAX_BLOCK_SECONDS, ClaimedTicket, QueueHead, ReapResult, TicketQueue
 from shared.redis_conn import blocking_client, is_cluster
 from worker.registry import WorkerRegistry
 
@@ -118,13 +118,17 @@ class QueueSet:
             out += got
         return out
 
-    def head_type(self) -> str | None:
-        """The type at the head of the first queue with a ticket ready: the next one claimed."""
+    def head(self) -> QueueHead | None:
+        """The head of the first queue with a ticket ready: the next one claimed."""
         for queue in self.queues:
-            head = queue.head_type()
+            head = queue.head()
             if head is not None:
                 return head
         return None
+
+    def head_type(self) -> str | None:
+        head = self.head()
+        return None if head is None else head.type
 
     def preempt(
         self, ticket_id: str, token: str, ticket_type: str, reason: str, *, max_preemptions: int

@@ -143,6 +143,7 @@ class Worker:
                 inflight=self.inflight,
                 worker_id=config.worker_id,
                 max_preemptions=config.max_preemptions,
+                patience=config.preemption_patience,
             )
             if config.preemption
             else None

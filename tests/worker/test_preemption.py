@@ -49,7 +49,7 @@ def full_worker(
         critical_headroom=0,  # no slot kept: only preemption can start the loan now
         adaptive_limit=False,
         block_seconds=CLAIM_INTERVAL,
-        **overrides,
+        **{"preemption_patience": 0.0, **overrides},
     )
     wait_for(
         lambda: (
@@ -104,6 +104,21 @@ def test_a_loan_preempts_the_newest_archive_and_every_ticket_ends_done_once(
     assert "token" in kinds[:restart] and "token" in kinds[restart:], "tokens before and after the restart"
     assert entries[restart]["error"] == PREEMPTED_WORDS
     assert entries[-1]["kind"] == "end" and entries[-1]["status"] == "done"
+
+
+def test_with_patience_the_loan_first_waits_its_share_of_the_slo_for_a_free_slot(
+    simulator: Callable[..., SimulatorProcess],
+    start_worker: Callable[..., RunningWorker],
+    fast_queue: TicketQueue,
+) -> None:
+    patience = 0.25
+    _running, archives = full_worker(simulator, start_worker, fast_queue, preemption_patience=patience)
+    loan = submit_loan(fast_queue)
+    waited = (loan.started_at or 0.0) - loan.created_at
+    slo = fast_queue.policy.type_policy("loan_approval").slo_seconds
+    assert patience * slo <= waited <= patience * slo + CLAIM_INTERVAL, waited
+    tickets = wait_all_done(fast_queue, archives, 90)
+    assert sum(t.preemptions for t in tickets) == 1, "no archive had finished, so one was put back"
 
 
 def test_without_preemption_the_loan_waits_for_a_departure(
