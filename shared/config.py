@@ -83,7 +83,7 @@ class Settings(BaseSettings):
         "attempt used) so a waiting critical ticket starts now",
     )
     preemption_patience: float = Field(
-        default=0.25,
+        default=0.0,
         ge=0,
         lt=1,
         description="share of a critical ticket's SLO it waits for a free slot before a worker preempts "

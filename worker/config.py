@@ -33,7 +33,7 @@ class WorkerConfig:
     """Short over long per-token latency the adaptive limit tolerates before it shrinks."""
     preemption: bool = True
     """At the limit, put the newest non-critical ticket back for a waiting critical one."""
-    preemption_patience: float = 0.25
+    preemption_patience: float = 0.0
     """Share of a critical ticket's SLO it waits for a free slot before a preemption."""
     max_preemptions: int = 2
     """Times one ticket may be put back; after that it runs to the end."""

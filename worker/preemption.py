@@ -8,7 +8,9 @@ without using an attempt (`shared/lua/preempt.lua`), so the loan takes its slot 
 preempted at most `max_preemptions` times, so a busy stream of loans cannot starve it, and one
 preemption at a time is in progress, so one waiting loan never costs two answers. A preemption
 throws away the victim's work, and a slot usually frees within moments on a busy GPU, so a critical
-ticket first waits `patience` (a share of its SLO) for one; only then is a running ticket put back.
+ticket may first wait `patience` (a share of its SLO) for one; only then is a running ticket put
+back. Its default is 0, at once: waiting kept more of the GPU's work but lengthened the loans' tail
+(RESULTS.md, "Holding the loan SLO").
 """
 
 from __future__ import annotations
