@@ -448,10 +448,6 @@ class TicketQueue:
             return None
         return QueueHead(str(ticket_type), float(created_at) if created_at else clock.now())
 
-    def head_type(self) -> str | None:
-        head = self.head()
-        return None if head is None else head.type
-
     # ---- maintenance ------------------------------------------------------------------------
     def reap(self, owner: str, interval_seconds: float = 1.0, limit: int = 1000) -> ReapResult:
         """Sweep dead leases, TTLs and due retries, at most once per `interval_seconds` overall."""

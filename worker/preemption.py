@@ -93,7 +93,7 @@ class Preemptor:
 
     def _waited_long_enough(self, head: QueueHead) -> bool:
         slo = self.queue.policy.type_policy(head.type).slo_seconds
-        return not slo or clock.now() - head.created_at >= self.patience * slo
+        return clock.now() - head.created_at >= self.patience * slo
 
     def requeue(self, running: RunningTicket) -> str:
         """Put a preempted ticket back (its runner calls this once vLLM's request is cut off)."""

@@ -126,10 +126,6 @@ class QueueSet:
                 return head
         return None
 
-    def head_type(self) -> str | None:
-        head = self.head()
-        return None if head is None else head.type
-
     def preempt(
         self, ticket_id: str, token: str, ticket_type: str, reason: str, *, max_preemptions: int
     ) -> str:

@@ -144,12 +144,12 @@ def test_preemption_reads_the_next_queue_head_and_puts_a_ticket_back_in_its_own_
     first = TicketQueue(redis_client, fast_policy, queue_name)
     second = TicketQueue(redis_client, fast_policy, second_queue)
     queues = QueueSet([first, second])
-    assert queues.head_type() is None
+    assert queues.head() is None
     archive = submit_many(producer_for(second), 1, type="archive_query", max_tokens=8)[0]
-    assert queues.head_type() == "archive_query"
+    assert (head := queues.head()) is not None and head.type == "archive_query"
     (claimed,) = queues.claim("w", 1)
     submit_many(producer_for(second), 1, type="loan_approval", max_tokens=8)
-    assert queues.head_type() == "loan_approval", "the next ticket a claim would take"
+    assert (head := queues.head()) is not None and head.type == "loan_approval", "the next ticket claimed"
     outcome = queues.preempt(archive, claimed.token, "archive_query", "for a loan", max_preemptions=2)
     assert outcome == "requeued"
     ticket = second.get(archive)
