@@ -3,8 +3,9 @@ each one finishes, so one long ticket never holds a batch of short ones back.
 
 Claims are atomic and in priority order (the claim script), sized by free slots and by a token
 budget so one long ticket counts as many short ones; a share of both is kept for critical types and
-the prefill guard bounds long prompts (`inflight_limit.py` decides it all). At the limit, a
-critical ticket at the head of the queue preempts the newest other one (`preemption.py`).
+the prefill guard bounds long prompts (`inflight_limit.py` decides it all). At the limit, or with
+no KV budget left for it, a critical ticket at the head of the queue preempts the newest other one
+(`preemption.py`).
 With nothing to claim the loop blocks on the queue's wake list (not polling) for at most `block_seconds` or until the next retry is due;
 with no free slot it waits for a ticket to leave. After a vLLM failure it pauses and then probes
 with a single ticket until vLLM answers again.
@@ -100,14 +101,15 @@ class ClaimLoop:
             return False
         running = self.inflight.count()
         half_open = gate[0] is Gate.PROBE
-        limit = 1 if self.health.failing or half_open else self.limits.limit
+        limit = 1 if self.health.failing or half_open else self.limits.critical_limit
         free = limit - running
         if free <= 0:
             self._wait_at_limit(preempt=not half_open and not self.health.failing)
             return False
         budget = self.sizer.token_budget(self.inflight.reserved_tokens())
         if budget is not None and budget <= 0 and running > 0:
-            self.inflight.wait_for_departure(self.block_seconds)
+            # The KV cache is as full as a full batch: a waiting loan preempts here too.
+            self._wait_at_limit(preempt=not half_open and not self.health.failing)
             return False
         if half_open:
             if self.breakers is None or not self.breakers.take_probe():
@@ -134,7 +136,8 @@ class ClaimLoop:
         return self._idle(running, budget)
 
     def _wait_at_limit(self, *, preempt: bool) -> None:
-        """No free slot: wait for a departure, preempting for a critical ticket when one waits."""
+        """No room (no free slot, or no KV budget for the head): wait for a departure, preempting
+        for a critical ticket when one waits."""
         if self.preemptor is None or not preempt:
             self.inflight.wait_for_departure(self.block_seconds)
             return
@@ -162,8 +165,9 @@ class ClaimLoop:
         """Nothing was claimed: wait for work, or for room when the budget held tickets back."""
         pending, delayed, leased = self.queue.sizes()
         if pending > 0 and running > 0:
-            # The budget or the normal share held the head back: only a departure makes room.
-            self.inflight.wait_for_departure(self.block_seconds)
+            # The budget or the normal share held the head back: a departure makes room, or a
+            # preemption when the head is a critical ticket that did not fit.
+            self._wait_at_limit(preempt=not self._probe and not self.health.failing)
             return False
         if self.burst and pending + delayed + leased == 0 and self.inflight.count() == 0:
             log.info("burst: the queue is drained; %d tickets claimed", self.claimed_total)

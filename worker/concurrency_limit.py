@@ -3,7 +3,9 @@
 Every sequence a worker keeps in flight shares each engine step, so once the GPU is saturated one
 more ticket makes every token slower without making the GPU any busier. The limiter watches two
 figures of each finished answer — time per output token, and time to first token per prompt token
-— as a short and a long moving average. While the short one stays near the long one the limit
+— as a short and a long moving average, each weighted by the answer's tokens: a short answer that
+shared its few steps with a long prompt's prefill says little about the engine, and unweighted it
+swung the limit from floor to ceiling within seconds. While the short one stays near the long one the limit
 grows towards `max_limit`; when it rises (the engine has started to queue) the limit shrinks by
 the ratio, within the short window, and never below `min_limit`. The long average follows the
 short one only slowly (slower still while congested) and is pulled down at once when latency
@@ -45,24 +47,33 @@ class LimiterSettings:
 
 
 class _Averages:
-    """Short and long exponential moving averages of one latency figure."""
+    """Short and long moving averages of one latency figure per token, weighted by tokens: each
+    is moving seconds over moving tokens, so an answer counts by its size."""
 
     def __init__(self, settings: LimiterSettings) -> None:
         self.short_alpha = 2 / (settings.short_window + 1)
         self.long_alpha = 2 / (settings.long_window + 1)
         self.short: float | None = None
         self.long: float | None = None
+        self._short_sums = (0.0, 0.0)
+        self._long_sums = (0.0, 0.0)
 
-    def add(self, value: float, tolerance: float) -> None:
+    def add(self, value: float, tolerance: float, tokens: float = 1.0) -> None:
+        """One answer's seconds per token, over `tokens` of its tokens."""
+        tokens = max(tokens, 1.0)
         if self.short is None or self.long is None:
+            self._short_sums = self._long_sums = (value * tokens, tokens)
             self.short = self.long = value
             return
-        self.short += self.short_alpha * (value - self.short)
+        self._short_sums = _moved(self._short_sums, self.short_alpha, value, tokens)
+        self.short = self._short_sums[0] / self._short_sums[1]
         # While latency is above the tolerance the baseline moves ten times slower still, so a
         # congested engine is not taken for the normal one; a faster engine is the new baseline at once.
         congested = self.short > self.long * tolerance
-        self.long += (self.long_alpha / 10 if congested else self.long_alpha) * (value - self.long)
-        self.long = min(self.long, max(self.short, value))
+        alpha = self.long_alpha / 10 if congested else self.long_alpha
+        self._long_sums = _moved(self._long_sums, alpha, value, tokens)
+        self.long = min(self._long_sums[0] / self._long_sums[1], self.short)
+        self._long_sums = (self.long * self._long_sums[1], self._long_sums[1])
 
     @property
     def ratio(self) -> float:
@@ -70,6 +81,12 @@ class _Averages:
         if self.short is None or self.long is None or self.long <= 0:
             return 1.0
         return self.short / self.long
+
+
+def _moved(sums: tuple[float, float], alpha: float, value: float, tokens: float) -> tuple[float, float]:
+    """(seconds, tokens) moved `alpha` of the way towards one answer's."""
+    seconds, weight = sums
+    return seconds + alpha * (value * tokens - seconds), weight + alpha * (tokens - weight)
 
 
 class ConcurrencyLimit:
@@ -91,14 +108,22 @@ class ConcurrencyLimit:
     def _rounded(self) -> int:
         return max(self.settings.min_limit, min(self.settings.max_limit, math.floor(self._estimate)))
 
-    def observe(self, *, tpot_seconds: float | None, ttft_per_prompt_token: float | None) -> int | None:
-        """Feed one answer's latency; returns the new limit when it changed, else None."""
+    def observe(
+        self,
+        *,
+        tpot_seconds: float | None,
+        ttft_per_prompt_token: float | None,
+        output_tokens: float = 1.0,
+        prompt_tokens: float = 1.0,
+    ) -> int | None:
+        """Feed one answer's latency (and the tokens each figure is over, its weight); returns the
+        new limit when it changed, else None."""
         with self._lock:
             before = self._rounded()
             if tpot_seconds is not None and tpot_seconds > 0:
-                self._per_token.add(tpot_seconds, self.settings.tolerance)
+                self._per_token.add(tpot_seconds, self.settings.tolerance, output_tokens)
             if ttft_per_prompt_token is not None and ttft_per_prompt_token > 0:
-                self._prefill.add(ttft_per_prompt_token, self.settings.tolerance)
+                self._prefill.add(ttft_per_prompt_token, self.settings.tolerance, prompt_tokens)
             ratio = max(self._per_token.ratio, self._prefill.ratio)
             gradient = max(0.5, min(1.0, self.settings.tolerance / ratio))
             # Full gradient: room to grow by about the square root of the limit, as Gradient2 does.

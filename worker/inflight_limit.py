@@ -1,7 +1,8 @@
 """The worker's in-flight limit and what one claim may take: one decision, in one place.
 
 The limit is the smallest of what memory allows (the batch sizer: free GPU memory, vLLM's KV cache,
-`max_batch`) and what latency allows (the adaptive limit, when on). Latency comes from two sources,
+`max_batch`) and what latency allows (the adaptive limit, when on); critical tickets are bounded by
+memory alone, so a burst of loans is never queued behind loans by the latency limit. Latency comes from two sources,
 each judged against its own baseline by a limiter of its own: the worker's streams, and vLLM's
 histograms. Their scales differ (the network and the stream's parsing are in one and not the other;
 a simulator's histograms run on its simulated clock), so one average over both would take every
@@ -57,6 +58,9 @@ class EngineLatency:
 
     tpot_seconds: float | None
     ttft_per_prompt_token: float | None
+    output_tokens: float = 1.0
+    """Tokens the interval's time per output token is over (its weight)."""
+    prompt_tokens: float = 1.0
 
 
 def engine_latency(before: VllmMetrics | None, after: VllmMetrics) -> EngineLatency | None:
@@ -76,7 +80,7 @@ def engine_latency(before: VllmMetrics | None, after: VllmMetrics) -> EngineLate
         per_prompt = ttft_sum / prompts
     if tpot is None and per_prompt is None:
         return None
-    return EngineLatency(tpot, per_prompt)
+    return EngineLatency(tpot, per_prompt, itl_count or 1.0, prompts or 1.0)
 
 
 class InflightLimit:
@@ -112,13 +116,22 @@ class InflightLimit:
 
     @property
     def limit(self) -> int:
-        """min(memory sizer, KV cache, adaptive limit, max_batch)."""
+        """min(memory sizer, KV cache, adaptive limit, max_batch): the batch the others fill."""
         adaptive = self.adaptive_limit
         return self.sizer.limit if adaptive is None else min(self.sizer.limit, adaptive)
 
+    @property
+    def critical_limit(self) -> int:
+        """What critical tickets may fill: memory alone (the sizer, KV cache, max_batch) bounds them.
+
+        Loans come in bursts; when the adaptive limit bounded them too, a burst filled every slot
+        with loans and the next ones waited in Redis behind loans, where no preemption helps."""
+        return self.sizer.limit
+
     def observe_answer(self, completion: Completion) -> None:
         tpot, per_prompt = answer_latency(completion)
-        self._observe(self.adaptive, tpot, per_prompt, "answer")
+        weights = (max(completion.completion_tokens - 1, 1), max(completion.prompt_tokens, 1))
+        self._observe(self.adaptive, tpot, per_prompt, "answer", weights)
 
     def observe_engine(self, metrics: VllmMetrics | None) -> None:
         """Feed the means of vLLM's histograms since the last sample (they move while answers are
@@ -130,17 +143,32 @@ class InflightLimit:
         latency = engine_latency(before, metrics)
         if latency is not None:
             self._observe(
-                self.engine_adaptive, latency.tpot_seconds, latency.ttft_per_prompt_token, "vLLM histograms"
+                self.engine_adaptive,
+                latency.tpot_seconds,
+                latency.ttft_per_prompt_token,
+                "vLLM histograms",
+                (latency.output_tokens, latency.prompt_tokens),
             )
 
     def _observe(
-        self, limiter: ConcurrencyLimit | None, tpot: float | None, per_prompt: float | None, source: str
+        self,
+        limiter: ConcurrencyLimit | None,
+        tpot: float | None,
+        per_prompt: float | None,
+        source: str,
+        weights: tuple[float, float],
     ) -> None:
+        """Feed one limiter; `weights` are the output and prompt tokens the two figures are over."""
         if limiter is None or (tpot is None and per_prompt is None):
             return
         with self._lock:  # so each change of the smaller of the two is logged once
             before = self.adaptive_limit
-            limiter.observe(tpot_seconds=tpot, ttft_per_prompt_token=per_prompt)
+            limiter.observe(
+                tpot_seconds=tpot,
+                ttft_per_prompt_token=per_prompt,
+                output_tokens=weights[0],
+                prompt_tokens=weights[1],
+            )
             changed = self.adaptive_limit
         if changed == before or changed is None or before is None:
             return
@@ -161,15 +189,26 @@ class InflightLimit:
             },
         )
 
+    def _normal_cap(self) -> int | None:
+        """The most tickets in flight beside which a non-critical one may start: the adaptive
+        limit less its critical share, and the latency guard's cap when in force."""
+        caps = [] if self.latency_guard is None else [self.latency_guard.cap]
+        adaptive = self.adaptive_limit
+        if adaptive is not None:
+            caps.append(adaptive - self.headroom.slots(adaptive))
+        known = [c for c in caps if c is not None]
+        return min(known) if known else None
+
     def shares(self, limit: int, running: int, budget: int | None, prefill_tokens: int) -> ClaimShares:
-        """What one claim may take with `running` tickets in flight, `budget` KV tokens left (None =
-        unknown) and `prefill_tokens` of non-critical prompts still in prefill."""
+        """What one claim may take with `running` tickets in flight out of `limit` (critical tickets
+        fill it all), `budget` KV tokens left (None = unknown) and `prefill_tokens` of non-critical
+        prompts still in prefill."""
         shares = self.headroom.split(
             limit,
             running,
             0 if budget is None else max(budget, 1),
             self.sizer.usable_kv_tokens(),
-            normal_cap=self.latency_guard.cap if self.latency_guard is not None else None,
+            normal_cap=self._normal_cap(),
         )
         guard = self.prefill_guard_tokens
         if guard <= 0:

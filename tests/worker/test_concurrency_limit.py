@@ -72,3 +72,21 @@ def test_a_twofold_rise_shrinks_it_within_the_short_window_and_its_end_grows_it_
     recovered = feed(limiter, 60, BASE_TPOT)
     assert recovered[-1] == 32 > shrunk
     assert recovered == sorted(recovered), "it grows back steadily, without dips"
+
+
+def test_answers_count_by_their_tokens_so_a_few_short_slow_ones_do_not_shrink_it() -> None:
+    # Short answers that shared their steps with a long prefill see several times the per-token
+    # time; a full batch's long answers, at the baseline, outweigh them.
+    settings = LimiterSettings(max_limit=32, short_window=8)
+    weighted, unweighted = ConcurrencyLimit(settings), ConcurrencyLimit(settings)
+    for limiter in (weighted, unweighted):
+        feed(limiter, 100, BASE_TPOT)
+    for _ in range(20):
+        for tpot, tokens in ((BASE_TPOT, 500), (BASE_TPOT, 500), (5 * BASE_TPOT, 20)):
+            weighted.observe(tpot_seconds=tpot, ttft_per_prompt_token=BASE_PREFILL, output_tokens=tokens)
+            unweighted.observe(tpot_seconds=tpot, ttft_per_prompt_token=BASE_PREFILL)
+    assert weighted.limit == 32
+    assert unweighted.limit < 16, "without the weights the same answers read as congestion"
+    # A long answer that is slow is heard at once.
+    weighted.observe(tpot_seconds=3 * BASE_TPOT, ttft_per_prompt_token=BASE_PREFILL, output_tokens=5000)
+    assert weighted.limit < 32

@@ -71,17 +71,23 @@ def test_the_smaller_of_memory_and_latency_wins() -> None:
     assert limit.limit == limit.sizer.limit < MAX_BATCH == limit.adaptive_limit
 
 
-def test_the_critical_share_is_kept_out_of_the_adaptive_limit_too() -> None:
+def test_the_adaptive_limit_bounds_the_others_and_memory_alone_bounds_critical_tickets() -> None:
     limit = limits(headroom=0.25)
     for _ in range(50):
         limit.observe_answer(completion(ttft=0.2, tpot=0.02))
     for _ in range(40):
         limit.observe_answer(completion(ttft=0.4, tpot=0.04))
     shrunk = limit.limit
-    assert shrunk < MAX_BATCH
-    shares = limit.shares(shrunk, 0, None, 0)
-    assert shares.count == shrunk
-    assert shares.normal_count == shrunk - CriticalHeadroom(share=0.25).slots(shrunk) < shrunk
+    assert shrunk < MAX_BATCH == limit.critical_limit
+    kept = CriticalHeadroom(share=0.25).slots(shrunk)
+    idle = limit.shares(limit.critical_limit, 0, None, 0)
+    assert (idle.count, idle.normal_count) == (MAX_BATCH, shrunk - kept)
+    # The others' share is full, and so is the adaptive limit: a burst of loans still starts.
+    full = limit.shares(limit.critical_limit, shrunk, None, 0)
+    assert (full.count, full.normal_count) == (MAX_BATCH - shrunk, 0)
+    # Memory bounds everyone: a smaller sizer limit is the critical tickets' limit too.
+    limit.sizer.update(SizerInputs(200, 400, None, own_inflight=0, own_reserved_tokens=0))
+    assert limit.critical_limit == limit.sizer.limit < MAX_BATCH
 
 
 def test_the_prefill_guard_bounds_prompts_in_prefill_and_lets_one_long_prompt_through() -> None:

@@ -62,7 +62,12 @@ def full_worker(
 
 
 def submit_loan(fast_queue: TicketQueue) -> Ticket:
-    loan = producer_for(fast_queue).submit(ticket("loan_approval")).ticket_id
+    return submit_loan_of(fast_queue)
+
+
+def submit_loan_of(fast_queue: TicketQueue, **fields: Any) -> Ticket:
+    """Submit a loan and wait until a worker has started it."""
+    loan = producer_for(fast_queue).submit(ticket("loan_approval", **fields)).ticket_id
     return cast(
         "Ticket",
         wait_for(
@@ -184,3 +189,38 @@ def test_a_ticket_a_client_is_reading_live_is_the_last_choice(fast_queue: Ticket
     assert choose_victim([quiet, watched], critical, 2) is quiet
     assert choose_victim([quiet, watched, not_yet_streaming], critical, 2) is not_yet_streaming
     assert choose_victim([watched], critical, 2) is watched, "taken when nothing else will do"
+
+
+def test_a_loan_preempts_when_the_kv_cache_not_the_batch_is_full(
+    simulator: Callable[..., SimulatorProcess],
+    start_worker: Callable[..., RunningWorker],
+    fast_queue: TicketQueue,
+) -> None:
+    # 400 blocks of 16 tokens, less the 15% margin: room for two long archives (each counted at its
+    # full size) but not for the loan beside them, while the batch has slots to spare.
+    sim = simulator(time_scale=1, decode_step_s=0.004, stop_median_tokens=10**6, kv_blocks=400)
+    producer = producer_for(fast_queue)
+    archives = submit(producer, [ticket("archive_query", max_tokens=2400) for _ in range(2)])
+    running = start_worker(
+        sim.base_url,
+        max_batch=8,
+        critical_headroom=0,
+        adaptive_limit=False,
+        block_seconds=CLAIM_INTERVAL,
+        preemption_patience=0.0,
+    )
+    wait_for(
+        lambda: len(snapshot := running.worker.inflight.snapshot()) == 2 and all(r.started for r in snapshot),
+        20,
+        "both archives answering",
+    )
+    # The worker has mostly seen short tickets, as in a mix of loans and complaints: by their average
+    # size the batch has room for more; only the loan's own size does not fit.
+    for _ in range(30):
+        running.worker.sizer.observe(40)
+    wait_for(lambda: running.worker.limits.critical_limit > 2, 5, "the batch limit to leave room")
+    loan = submit_loan_of(fast_queue, max_tokens=1000)
+    assert loan.started_at is not None and loan.started_at - loan.created_at <= CLAIM_INTERVAL
+    tickets = wait_all_done(fast_queue, [*archives, loan.id], 90)
+    assert sorted(t.preemptions for t in tickets) == [0, 0, 1]
+    assert all(t.attempts == 1 for t in tickets)
