@@ -68,8 +68,9 @@ class Settings(BaseSettings):
     )
     adaptive_limit: bool = Field(
         default=True,
-        description="workers lower their in-flight limit while per-token latency (time to first token "
-        "per prompt token, time per output token) rises, and raise it again when it falls",
+        description="workers lower the in-flight limit of non-critical tickets while per-token latency "
+        "(time to first token per prompt token, time per output token) rises, and raise it again "
+        "when it falls; critical tickets are bounded by memory alone",
     )
     adaptive_tolerance: float = Field(
         default=1.25,
@@ -79,8 +80,8 @@ class Settings(BaseSettings):
     )
     preemption: bool = Field(
         default=True,
-        description="a worker at its limit puts its newest non-critical ticket back in the queue (no "
-        "attempt used) so a waiting critical ticket starts now",
+        description="a worker out of room (at its limit, or without KV budget for it) puts its newest "
+        "non-critical ticket back in the queue (no attempt used) so a waiting critical ticket starts now",
     )
     preemption_patience: float = Field(
         default=0.0,
