@@ -18,6 +18,11 @@ from shared.redis_conn import RedisUnavailable, resolve_redis_url
 app = typer.Typer(add_completion=False)
 
 DEFAULT_PORT = 8080
+KEEP_ALIVE_SECONDS = 75
+"""How long an idle client connection stays open. Longer than the idle expiry of the clients' own
+pools (httpx, and so the `openai` package, keeps idle connections 5 s, as uvicorn's default does):
+a server that closes first races a client reusing the connection, and that request fails with
+"Server disconnected without sending a response" though the API never read it."""
 
 
 @app.command()
@@ -52,4 +57,5 @@ def api(
         log_config=uvicorn_log_config(log_level),
         access_log=access_log,
         proxy_headers=True,
+        timeout_keep_alive=KEEP_ALIVE_SECONDS,
     )

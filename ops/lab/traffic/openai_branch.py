@@ -102,7 +102,8 @@ def stream_completion(
         return StreamAnswer("error", exc.response.headers.get(TICKET_HEADER), sent_at, error=error)
     except openai.APIError as exc:  # an error event inside an admitted stream, or a dropped connection
         verdict: Verdict = "answered" if ticket_id else "error"
-        return StreamAnswer(verdict, ticket_id, sent_at, error=f"{type(exc).__name__}: {exc}")
+        cause = f" ({type(exc.__cause__).__name__}: {exc.__cause__})" if exc.__cause__ else ""
+        return StreamAnswer(verdict, ticket_id, sent_at, error=f"{type(exc).__name__}: {exc}{cause}")
 
 
 def _read_stream(stream: openai.Stream[Any], started: float) -> float | None:
