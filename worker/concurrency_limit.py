@@ -5,8 +5,8 @@ more ticket makes every token slower without making the GPU any busier. The limi
 figures of each finished answer — time per output token, and time to first token per prompt token
 — as a short and a long moving average, each weighted by the answer's tokens: a short answer that
 shared its few steps with a long prompt's prefill says little about the engine, and unweighted it
-swung the limit from floor to ceiling within seconds. While the short one stays near the long one the limit
-grows towards `max_limit`; when it rises (the engine has started to queue) the limit shrinks by
+swung the limit from floor to ceiling within seconds. While the short one stays near the long one
+the limit grows towards `max_limit`; when it rises (the engine has started to queue) the limit shrinks by
 the ratio, within the short window, and never below `min_limit`. The long average follows the
 short one only slowly (slower still while congested) and is pulled down at once when latency
 falls, so a lasting slowdown is not mistaken for the new normal.

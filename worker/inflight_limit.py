@@ -2,8 +2,8 @@
 
 The limit is the smallest of what memory allows (the batch sizer: free GPU memory, vLLM's KV cache,
 `max_batch`) and what latency allows (the adaptive limit, when on); critical tickets are bounded by
-memory alone, so a burst of loans is never queued behind loans by the latency limit. Latency comes from two sources,
-each judged against its own baseline by a limiter of its own: the worker's streams, and vLLM's
+memory alone, so a burst of loans is never queued behind loans by the latency limit. Latency comes
+from two sources, each judged against its own baseline by a limiter of its own: the worker's streams, and vLLM's
 histograms. Their scales differ (the network and the stream's parsing are in one and not the other;
 a simulator's histograms run on its simulated clock), so one average over both would take every
 switch between them for a change in latency. Critical types keep a reserved
@@ -192,10 +192,11 @@ class InflightLimit:
     def _normal_cap(self) -> int | None:
         """The most tickets in flight beside which a non-critical one may start: the adaptive
         limit less its critical share, and the latency guard's cap when in force."""
-        caps = [] if self.latency_guard is None else [self.latency_guard.cap]
         adaptive = self.adaptive_limit
-        if adaptive is not None:
-            caps.append(adaptive - self.headroom.slots(adaptive))
+        caps = [
+            self.latency_guard.cap if self.latency_guard is not None else None,
+            adaptive - self.headroom.slots(adaptive) if adaptive is not None else None,
+        ]
         known = [c for c in caps if c is not None]
         return min(known) if known else None
 
