@@ -78,6 +78,12 @@ class Settings(BaseSettings):
         description="how many times its baseline per-token latency a worker tolerates before it lowers "
         "its in-flight limit; higher keeps the batch fuller at the cost of slower tokens",
     )
+    adaptive_slo: bool = Field(
+        default=True,
+        description="while critical answers are finishing, their run times against their SLO move the "
+        "adaptive limit instead of the per-token gradient: it grows while they run well within their "
+        "share of the SLO and shrinks when they run past it",
+    )
     preemption: bool = Field(
         default=True,
         description="a worker out of room (at its limit, or without KV budget for it) puts its newest "

@@ -10,6 +10,10 @@ the limit grows towards `max_limit`; when it rises (the engine has started to qu
 the ratio, within the short window, and never below `min_limit`. The long average follows the
 short one only slowly (slower still while congested) and is pulled down at once when latency
 falls, so a lasting slowdown is not mistaken for the new normal.
+
+While critical answers are flowing their run times against their SLO judge the limit instead
+(`critical_pressure.py`, `apply_verdict`): the averages are still kept, so the gradient takes over
+with a current baseline when they stop.
 """
 
 from __future__ import annotations
@@ -17,6 +21,9 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import dataclass
+
+from worker.critical_pressure import Verdict
+from worker.latency_guard import SHRINK_FACTOR
 
 
 @dataclass(frozen=True)
@@ -115,20 +122,46 @@ class ConcurrencyLimit:
         ttft_per_prompt_token: float | None,
         output_tokens: float = 1.0,
         prompt_tokens: float = 1.0,
+        judged: bool = False,
     ) -> int | None:
         """Feed one answer's latency (and the tokens each figure is over, its weight); returns the
-        new limit when it changed, else None."""
+        new limit when it changed, else None. `judged`: critical answers' verdicts move the limit
+        now, so this answer only updates the averages."""
         with self._lock:
             before = self._rounded()
             if tpot_seconds is not None and tpot_seconds > 0:
                 self._per_token.add(tpot_seconds, self.settings.tolerance, output_tokens)
             if ttft_per_prompt_token is not None and ttft_per_prompt_token > 0:
                 self._prefill.add(ttft_per_prompt_token, self.settings.tolerance, prompt_tokens)
+            if judged:
+                return None
             ratio = max(self._per_token.ratio, self._prefill.ratio)
             gradient = max(0.5, min(1.0, self.settings.tolerance / ratio))
             # Full gradient: room to grow by about the square root of the limit, as Gradient2 does.
             target = self._estimate * gradient + (math.sqrt(self._estimate) if gradient >= 1.0 else 0.0)
             self._estimate += self.settings.smoothing * (target - self._estimate)
+            self._estimate = max(
+                float(self.settings.min_limit), min(float(self.settings.max_limit), self._estimate)
+            )
+            after = self._rounded()
+            if after != before:
+                self.changes += 1
+                return after
+            return None
+
+    def apply_verdict(self, verdict: Verdict, ceiling: int) -> int | None:
+        """Move the limit by one verdict of the critical answers: down by a quarter of what is in
+        force (`ceiling` is the limit memory allows) when they run over their allowance, up by one
+        when well within it and the adaptive limit is what binds. Returns the new limit when it
+        changed, else None."""
+        with self._lock:
+            before = self._rounded()
+            if verdict.shrink:
+                self._estimate = (
+                    min(self._estimate, float(max(ceiling, self.settings.min_limit))) * SHRINK_FACTOR
+                )
+            elif verdict.grow and self._estimate < ceiling:
+                self._estimate += 1
             self._estimate = max(
                 float(self.settings.min_limit), min(float(self.settings.max_limit), self._estimate)
             )

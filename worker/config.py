@@ -31,6 +31,8 @@ class WorkerConfig:
     """Bound the in-flight limit by per-token latency too (`worker/concurrency_limit.py`)."""
     adaptive_tolerance: float = 1.25
     """Short over long per-token latency the adaptive limit tolerates before it shrinks."""
+    adaptive_slo: bool = True
+    """While critical answers flow, their run times against their SLO move the adaptive limit."""
     preemption: bool = True
     """At the limit, put the newest non-critical ticket back for a waiting critical one."""
     preemption_patience: float = 0.0

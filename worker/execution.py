@@ -173,7 +173,10 @@ class Executor:
         self.health.success()
         self._record(client, running, ok=True)
         if self.limits is not None and client is self.primary:
-            self.limits.observe_answer(completion)
+            ticket_type = running.ticket.type
+            critical = self.policy.is_critical(ticket_type)
+            slo = self.policy.type_policy(ticket_type).slo_seconds if critical else None
+            self.limits.observe_answer(completion, critical_slo_seconds=slo)
         if not self.writer.done(running, completion):
             return
         if live is not None:

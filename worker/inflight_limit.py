@@ -9,8 +9,10 @@ a simulator's histograms run on its simulated clock), so one average over both w
 switch between them for a change in latency. Critical types keep a reserved
 share of that limit and of the KV budget (`headroom.py`); the latency guard's cap, when in force,
 bounds the others further; and the prefill guard bounds the prompt tokens of non-critical tickets
-still in prefill, so a burst of long prompts cannot take every engine step. Whatever changes the
-adaptive limit is logged here with the latencies that moved it.
+still in prefill, so a burst of long prompts cannot take every engine step. While critical answers
+are flowing, their run times against their SLO move the adaptive limit instead of the per-token
+gradient (`critical_pressure.py`). Whatever changes the adaptive limit is logged here with the
+latencies that moved it.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from dataclasses import dataclass, replace
 
 from worker.batch_sizer import BatchSizer
 from worker.concurrency_limit import ConcurrencyLimit, LimiterSettings
+from worker.critical_pressure import CriticalPressure
 from worker.headroom import ClaimShares, CriticalHeadroom
 from worker.latency_guard import LatencyGuard
 from worker.vllm_client import Completion
@@ -96,6 +99,7 @@ class InflightLimit:
         engine_adaptive: ConcurrencyLimit | None = None,
         latency_guard: LatencyGuard | None = None,
         prefill_guard_tokens: int = 0,
+        pressure: CriticalPressure | None = None,
     ) -> None:
         self.sizer = sizer
         self.headroom = headroom
@@ -105,6 +109,8 @@ class InflightLimit:
         """Fed by vLLM's histograms."""
         self.latency_guard = latency_guard
         self.prefill_guard_tokens = prefill_guard_tokens
+        self.pressure = pressure
+        """Critical answers against their SLO; None = the per-token gradient always decides."""
         self._last_engine: VllmMetrics | None = None
         self._lock = threading.Lock()
 
@@ -128,10 +134,46 @@ class InflightLimit:
         with loans and the next ones waited in Redis behind loans, where no preemption helps."""
         return self.sizer.limit
 
-    def observe_answer(self, completion: Completion) -> None:
+    def observe_answer(self, completion: Completion, critical_slo_seconds: float | None = None) -> None:
+        """One finished answer; `critical_slo_seconds` is its type's SLO when the type is critical."""
+        if self.pressure is not None and critical_slo_seconds is not None:
+            self.pressure.observe(run_seconds=completion.total_seconds, slo_seconds=critical_slo_seconds)
         tpot, per_prompt = answer_latency(completion)
         weights = (max(completion.completion_tokens - 1, 1), max(completion.prompt_tokens, 1))
         self._observe(self.adaptive, tpot, per_prompt, "answer", weights)
+        if critical_slo_seconds is not None:
+            self._judge()
+
+    @property
+    def _judged(self) -> bool:
+        return self.pressure is not None and self.pressure.flowing
+
+    def _judge(self) -> None:
+        """Apply the critical answers' verdict, when one is due, to both limiters."""
+        verdict = self.pressure.verdict() if self.pressure is not None else None
+        if verdict is None:
+            return
+        with self._lock:
+            before = self.adaptive_limit
+            for limiter in (self.adaptive, self.engine_adaptive):
+                if limiter is not None:
+                    limiter.apply_verdict(verdict, self.sizer.limit)
+            changed = self.adaptive_limit
+        if changed == before or changed is None or before is None:
+            return
+        log.info(
+            "concurrency limit %d -> %d (critical answers run %.2f of their SLO allowance at p90)",
+            before,
+            changed,
+            verdict.pressure,
+            extra={
+                "event": "concurrency_limit",
+                "concurrency_limit": changed,
+                "previous_limit": before,
+                "source": "critical answers",
+                "critical_pressure": verdict.pressure,
+            },
+        )
 
     def observe_engine(self, metrics: VllmMetrics | None) -> None:
         """Feed the means of vLLM's histograms since the last sample (they move while answers are
@@ -168,6 +210,7 @@ class InflightLimit:
                 ttft_per_prompt_token=per_prompt,
                 output_tokens=weights[0],
                 prompt_tokens=weights[1],
+                judged=self._judged,
             )
             changed = self.adaptive_limit
         if changed == before or changed is None or before is None:

@@ -32,6 +32,7 @@ from worker.batch_sizer import BatchSizer
 from worker.breaker_gate import BreakerGate, fallback_urls
 from worker.claim_loop import ClaimLoop
 from worker.config import WorkerConfig
+from worker.critical_pressure import CriticalPressure
 from worker.execution import Executor
 from worker.gpu_memory import GpuMemoryProvider
 from worker.headroom import CriticalHeadroom
@@ -93,6 +94,7 @@ def _limits(
         ),
         latency_guard=guard,
         prefill_guard_tokens=config.prefill_guard_tokens,
+        pressure=CriticalPressure() if config.adaptive_limit and config.adaptive_slo else None,
     )
 
 
