@@ -76,3 +76,32 @@ def test_switched_off_there_is_no_adaptive_limit(
     assert running.worker.limits.adaptive is None and running.worker.limits.engine_adaptive is None
     assert running.worker.limits.limit == running.worker.sizer.limit
     assert gauge(running) is None
+
+
+def test_loans_running_past_their_share_of_the_slo_lower_the_limit(
+    simulator: Callable[..., SimulatorProcess],
+    start_worker: Callable[..., RunningWorker],
+    fast_queue: TicketQueue,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Each running sequence slows every step by 3 ms at real time: sixteen 40-token loans side by
+    # side run about 2 s each, past half of their 2 s SLO.
+    sim = simulator(time_scale=1, per_seq_slowdown=0.003, stop_median_tokens=10**6)
+    running = start_worker(sim.base_url, max_batch=MAX_BATCH, preemption=False)
+    limits = running.worker.limits
+    assert limits.pressure is not None and limits.adaptive_limit == MAX_BATCH
+    caplog.set_level(logging.INFO, logger="worker.inflight_limit")
+    ids = submit_many(producer_for(fast_queue), MAX_BATCH, type="loan_approval", max_tokens=40)
+    wait_all_done(fast_queue, ids, 60)
+    wait_for(lambda: (limits.adaptive_limit or MAX_BATCH) < MAX_BATCH, 10, "the limit to come down")
+    judged = [r for r in caplog.records if getattr(r, "source", None) == "critical answers"]
+    assert judged and judged[-1].critical_pressure > 1  # type: ignore[attr-defined]
+    assert judged[-1].concurrency_limit == limits.adaptive_limit  # type: ignore[attr-defined]
+
+
+def test_switched_off_critical_answers_do_not_judge_the_limit(
+    simulator: Callable[..., SimulatorProcess],
+    start_worker: Callable[..., RunningWorker],
+) -> None:
+    running = start_worker(simulator().base_url, max_batch=MAX_BATCH, adaptive_slo=False)
+    assert running.worker.limits.pressure is None and running.worker.limits.adaptive is not None
