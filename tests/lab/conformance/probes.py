@@ -32,6 +32,8 @@ class Endpoint:
     max_model_len: int
     max_num_seqs: int
     vocab_size: int
+    max_num_batched_tokens: int
+    """Tokens one engine step may compute: a longer prompt is prefilled over several steps."""
 
     def url(self, path: str) -> str:
         return f"{self.base_url}{path}"
@@ -168,6 +170,22 @@ class OpenStream:
 
         threading.Thread(target=drain, daemon=True).start()
         return ended
+
+    def times_in_background(self, started: threading.Event, after: int) -> list[float]:
+        """Read the stream on a thread of its own, noting when each data chunk arrives (the list
+        grows as it does); `started` is set once `after` have arrived."""
+        arrivals: list[float] = []
+
+        def note() -> None:
+            with contextlib.suppress(requests.RequestException, AttributeError, ValueError, OSError):
+                for line in self._lines:
+                    if line.startswith(b"data: {"):
+                        arrivals.append(time.monotonic())
+                        if len(arrivals) >= after:
+                            started.set()
+
+        threading.Thread(target=note, daemon=True).start()
+        return arrivals
 
     def close(self) -> None:
         self.response.close()

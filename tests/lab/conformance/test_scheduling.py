@@ -231,3 +231,50 @@ def test_a_full_kv_cache_under_priority_preempts_the_lowest_priority_not_the_new
     }
     assert ends[0] > max(ends[index] for index in ends if index != 0), ends
     assert longest_pause[0] == max(longest_pause.values()), longest_pause
+
+
+# A prompt of seven step budgets: seven chunks, each in a step of its own.
+CHUNKED_PROMPT_BUDGETS = 7
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_while_a_running_stream_keeps_decoding(
+    endpoint: Endpoint,
+) -> None:
+    """Chunked prefill, seen from outside: while a prompt longer than the step budget is prefilled,
+    a stream already running keeps getting tokens, one per chunk's step, so its longest pause is a
+    fraction of the long prompt's time to first token. Without chunking one step computes the whole
+    prompt and the running stream pauses for most of it."""
+    wait_idle(endpoint)
+    runner = OpenStream(endpoint, long_body(endpoint, "chunk-runner", 600))
+    started = threading.Event()
+    arrivals = runner.times_in_background(started, after=5)
+    try:
+        assert started.wait(60), "the running stream never started"
+        length = int(endpoint.max_num_batched_tokens * CHUNKED_PROMPT_BUDGETS)
+        body = {
+            # A fresh prompt on every run, so real vLLM's prefix cache never shortens its prefill.
+            "prompt": prompt_ids(f"chunk-long-{time.time_ns()}", length, endpoint.vocab_size),
+            "max_tokens": 1,
+            "stream": True,
+        }
+        sent = time.monotonic()
+        first: float | None = None
+        with requests.post(endpoint.url("/v1/completions"), json=body, stream=True, timeout=120) as response:
+            assert response.status_code == 200, response.text
+            for line in response.iter_lines():
+                if line.startswith(b"data: {") and first is None:
+                    first = time.monotonic()
+        assert first is not None, "the long prompt got no token"
+        wait_until(lambda: any(at > first for at in arrivals), 10, "the running stream's next token")
+        during = [at for at in arrivals if sent < at < first]
+        after = next(at for at in arrivals if at > first)
+        marks = [sent, *during, after]
+        longest = max(b - a for a, b in itertools.pairwise(marks))
+        ttft = first - sent
+        assert len(during) >= 2 and longest < ttft / 2, (
+            f"{endpoint.name}: the running stream got {len(during)} tokens during the {length}-token "
+            f"prompt's {ttft:.3f} s to first token, its longest pause {longest:.3f} s; in chunks of "
+            f"{endpoint.max_num_batched_tokens} it pauses about one chunk's step at a time"
+        )
+    finally:
+        runner.close()
