@@ -139,15 +139,7 @@ class ConcurrencyLimit:
             gradient = max(0.5, min(1.0, self.settings.tolerance / ratio))
             # Full gradient: room to grow by about the square root of the limit, as Gradient2 does.
             target = self._estimate * gradient + (math.sqrt(self._estimate) if gradient >= 1.0 else 0.0)
-            self._estimate += self.settings.smoothing * (target - self._estimate)
-            self._estimate = max(
-                float(self.settings.min_limit), min(float(self.settings.max_limit), self._estimate)
-            )
-            after = self._rounded()
-            if after != before:
-                self.changes += 1
-                return after
-            return None
+            return self._settle(before, self._estimate + self.settings.smoothing * (target - self._estimate))
 
     def apply_verdict(self, verdict: Verdict, ceiling: int) -> int | None:
         """Move the limit by one verdict of the critical answers: down by a quarter of what is in
@@ -156,17 +148,18 @@ class ConcurrencyLimit:
         changed, else None."""
         with self._lock:
             before = self._rounded()
+            estimate = self._estimate
             if verdict.shrink:
-                self._estimate = (
-                    min(self._estimate, float(max(ceiling, self.settings.min_limit))) * SHRINK_FACTOR
-                )
-            elif verdict.grow and self._estimate < ceiling:
-                self._estimate += 1
-            self._estimate = max(
-                float(self.settings.min_limit), min(float(self.settings.max_limit), self._estimate)
-            )
-            after = self._rounded()
-            if after != before:
-                self.changes += 1
-                return after
+                estimate = min(estimate, float(max(ceiling, self.settings.min_limit))) * SHRINK_FACTOR
+            elif verdict.grow and estimate < ceiling:
+                estimate += 1
+            return self._settle(before, estimate)
+
+    def _settle(self, before: int, estimate: float) -> int | None:
+        """Take `estimate` within the bounds (the lock held); the new limit when it moved, else None."""
+        self._estimate = max(float(self.settings.min_limit), min(float(self.settings.max_limit), estimate))
+        after = self._rounded()
+        if after == before:
             return None
+        self.changes += 1
+        return after

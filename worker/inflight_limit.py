@@ -159,20 +159,12 @@ class InflightLimit:
                 if limiter is not None:
                     limiter.apply_verdict(verdict, self.sizer.limit)
             changed = self.adaptive_limit
-        if changed == before or changed is None or before is None:
-            return
-        log.info(
-            "concurrency limit %d -> %d (critical answers run %.2f of their SLO allowance at p90)",
+        _log_change(
             before,
             changed,
-            verdict.pressure,
-            extra={
-                "event": "concurrency_limit",
-                "concurrency_limit": changed,
-                "previous_limit": before,
-                "source": "critical answers",
-                "critical_pressure": verdict.pressure,
-            },
+            "critical answers",
+            f"run {verdict.pressure:.2f} of their SLO allowance at p90",
+            critical_pressure=verdict.pressure,
         )
 
     def observe_engine(self, metrics: VllmMetrics | None) -> None:
@@ -213,23 +205,16 @@ class InflightLimit:
                 judged=self._judged,
             )
             changed = self.adaptive_limit
-        if changed == before or changed is None or before is None:
-            return
-        log.info(
-            "concurrency limit %d -> %d (%s: %s per output token, %s to first token per prompt token)",
+        _log_change(
             before,
             changed,
             source,
-            "-" if tpot is None else f"{tpot * 1000:.2f} ms",
-            "-" if per_prompt is None else f"{per_prompt * 1000:.3f} ms",
-            extra={
-                "event": "concurrency_limit",
-                "concurrency_limit": changed,
-                "previous_limit": before,
-                "source": source,
-                "tpot_seconds": tpot,
-                "ttft_per_prompt_token_seconds": per_prompt,
-            },
+            ("-" if tpot is None else f"{tpot * 1000:.2f} ms")
+            + " per output token, "
+            + ("-" if per_prompt is None else f"{per_prompt * 1000:.3f} ms")
+            + " to first token per prompt token",
+            tpot_seconds=tpot,
+            ttft_per_prompt_token_seconds=per_prompt,
         )
 
     def _normal_cap(self) -> int | None:
@@ -261,3 +246,25 @@ class InflightLimit:
         if left <= 0:
             return replace(shares, normal_count=0)
         return replace(shares, normal_prompt_budget=left, normal_prompt_first_over=prefill_tokens == 0)
+
+
+def _log_change(
+    before: int | None, changed: int | None, source: str, why: str, **figures: float | None
+) -> None:
+    """One log line, with its figures as fields, for a change of the adaptive limit."""
+    if changed == before or changed is None or before is None:
+        return
+    log.info(
+        "concurrency limit %d -> %d (%s: %s)",
+        before,
+        changed,
+        source,
+        why,
+        extra={
+            "event": "concurrency_limit",
+            "concurrency_limit": changed,
+            "previous_limit": before,
+            "source": source,
+            **figures,
+        },
+    )

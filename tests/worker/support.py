@@ -15,6 +15,21 @@ from producer.producer import Producer
 from shared.models import Ticket, TicketStatus
 from shared.queue import TicketQueue
 from tests.worker.conftest import sim_metric, wait_for
+from worker.vllm_client import Completion
+
+
+def completion(*, ttft: float, tpot: float, prompt: int = 400, tokens: int = 101) -> Completion:
+    """One streamed answer, as the worker's client returns it: `ttft + tpot × (tokens - 1)` seconds."""
+    return Completion(
+        text="x",
+        prompt_tokens=prompt,
+        completion_tokens=tokens,
+        finish_reason="length",
+        ttft_seconds=ttft,
+        total_seconds=ttft + tpot * (tokens - 1),
+        first_token_at=None,
+        model="m",
+    )
 
 
 def ticket(kind: str, **extra: Any) -> dict[str, Any]:

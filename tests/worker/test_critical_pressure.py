@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.worker.support import completion
 from worker.batch_sizer import BatchSizer
 from worker.concurrency_limit import ConcurrencyLimit, LimiterSettings
 from worker.critical_pressure import HORIZON_SECONDS, CriticalPressure, Verdict
@@ -25,18 +26,8 @@ class Clock:
         return self.now
 
 
-def answer(*, ttft: float = 0.1, tpot: float = 0.002, tokens: int = 101, prompt: int = 400) -> Completion:
-    """One streamed answer: it runs `ttft + tpot × (tokens - 1)` seconds."""
-    return Completion(
-        text="x",
-        prompt_tokens=prompt,
-        completion_tokens=tokens,
-        finish_reason="length",
-        ttft_seconds=ttft,
-        total_seconds=ttft + tpot * (tokens - 1),
-        first_token_at=None,
-        model="m",
-    )
+def answer(*, ttft: float = 0.1, tpot: float = 0.002, tokens: int = 101) -> Completion:
+    return completion(ttft=ttft, tpot=tpot, tokens=tokens)
 
 
 def test_a_verdict_waits_for_enough_answers_and_reads_their_90th_percentile() -> None:

@@ -7,27 +7,14 @@ import logging
 
 import pytest
 
+from tests.worker.support import completion
 from worker.batch_sizer import BatchSizer, SizerInputs
 from worker.concurrency_limit import ConcurrencyLimit, LimiterSettings
 from worker.headroom import CriticalHeadroom
 from worker.inflight_limit import InflightLimit, adaptive_limiter, answer_latency, engine_latency
-from worker.vllm_client import Completion
 from worker.vllm_metrics import VllmMetrics, parse_metrics
 
 MAX_BATCH = 16
-
-
-def completion(*, ttft: float, tpot: float, prompt: int = 400, tokens: int = 101) -> Completion:
-    return Completion(
-        text="x",
-        prompt_tokens=prompt,
-        completion_tokens=tokens,
-        finish_reason="length",
-        ttft_seconds=ttft,
-        total_seconds=ttft + tpot * (tokens - 1),
-        first_token_at=None,
-        model="m",
-    )
 
 
 def limits(prefill_guard_tokens: int = 0, headroom: float = 0.25) -> InflightLimit:
