@@ -14,7 +14,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.policy import Policy, load_policy
-from shared.redis_conn import parse_sentinels
+from shared.redis_conn import parse_sentinels, with_ca_certs
 
 QUEUE_NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
 """What a queue's name may be: it becomes part of every key's hash tag."""
@@ -38,6 +38,10 @@ class Settings(BaseSettings):
     rq_redis_url: str | None = Field(
         default=None,
         description="the Redis of rq's jobs (alarm actions, callbacks); default the queue's; needed on a Cluster",
+    )
+    redis_ssl_ca_certs: str | None = Field(
+        default=None,
+        description="CA file that signed the Redis server's certificate (with a rediss:// URL)",
     )
     replica_acks: int = Field(
         default=0, ge=0, le=16, description="replicas that must hold a ticket before it is acknowledged"
@@ -110,6 +114,10 @@ class Settings(BaseSettings):
     )
     api_max_body_bytes: int = Field(default=1_048_576, ge=1024)
     operator_key: str | None = Field(default=None, description="bootstrap operator API key")
+    ssl_certfile: str | None = Field(
+        default=None, description="the API's TLS certificate (PEM); with ssl_keyfile the API serves HTTPS"
+    )
+    ssl_keyfile: str | None = Field(default=None, description="the private key of ssl_certfile (PEM)")
 
     @field_validator("redis_sentinels")
     @classmethod
@@ -117,6 +125,18 @@ class Settings(BaseSettings):
         if value is not None:
             parse_sentinels(value)
         return value
+
+    @model_validator(mode="after")
+    def _tls(self) -> Settings:
+        """The Redis CA travels inside the URLs, so every client built from them (rq's jobs, the
+        callback sender, the API's workers) verifies the server the same way."""
+        if self.redis_ssl_ca_certs is not None:
+            self.redis_url = with_ca_certs(self.redis_url, self.redis_ssl_ca_certs, "redis_url")
+            if self.rq_redis_url is not None:
+                self.rq_redis_url = with_ca_certs(self.rq_redis_url, self.redis_ssl_ca_certs, "rq_redis_url")
+        if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
+            raise ValueError("ssl_certfile: give both ssl_certfile and ssl_keyfile, or neither")
+        return self
 
     @model_validator(mode="after")
     def _one_topology(self) -> Settings:

@@ -11,7 +11,8 @@ import os
 import typer
 import uvicorn
 
-from shared.cli_support import load_settings
+from shared.cli_support import EXIT_BAD_INPUT, fail, load_settings
+from shared.config import setting_help
 from shared.logs import uvicorn_log_config
 from shared.redis_conn import RedisUnavailable, resolve_redis_url
 
@@ -35,9 +36,21 @@ def api(
     policy_file: str | None = typer.Option(None, "--policy-file", help="TIDEGATE_POLICY_FILE"),
     log_level: str = typer.Option("info", "--log-level", help="uvicorn log level"),
     access_log: bool = typer.Option(True, "--access-log/--no-access-log"),
+    ssl_certfile: str | None = typer.Option(None, "--ssl-certfile", help=setting_help("ssl_certfile")),
+    ssl_keyfile: str | None = typer.Option(None, "--ssl-keyfile", help=setting_help("ssl_keyfile")),
 ) -> None:
-    """Serve the branch-office HTTP API (OpenAPI at /openapi.json, docs at /docs)."""
-    settings = load_settings(redis_url=redis_url, queue_name=queue, policy_file=policy_file)
+    """Serve the branch-office HTTP API (OpenAPI at /openapi.json, docs at /docs); HTTPS with a
+    certificate and its key."""
+    settings = load_settings(
+        redis_url=redis_url,
+        queue_name=queue,
+        policy_file=policy_file,
+        ssl_certfile=ssl_certfile,
+        ssl_keyfile=ssl_keyfile,
+    )
+    for flag, path in (("--ssl-certfile", settings.ssl_certfile), ("--ssl-keyfile", settings.ssl_keyfile)):
+        if path is not None and not os.path.isfile(path):
+            fail(f"{flag}: {path!r} is not a readable file (a PEM certificate or key)", EXIT_BAD_INPUT)
     try:
         url = resolve_redis_url(settings.redis_url)
     except RedisUnavailable as exc:
@@ -58,4 +71,6 @@ def api(
         access_log=access_log,
         proxy_headers=True,
         timeout_keep_alive=KEEP_ALIVE_SECONDS,
+        ssl_certfile=settings.ssl_certfile,
+        ssl_keyfile=settings.ssl_keyfile,
     )
