@@ -28,6 +28,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "keys": ("producer.api.keys_cli:app", "Manage branch API keys."),
     "mode": ("ops.monitor.mode_cli:app", "Operator override of admission (normal, critical-only)."),
+    "audit": (
+        "ops.monitor.audit_cli:app",
+        "Operator actions (mode, keys, rollouts): who, when, what changed.",
+    ),
     "chaos": ("ops.lab.chaos.cli:app", "Fault drill on a local stack: kills, restarts, errors, stalls."),
     "rollout": ("ops.monitor.rollout_cli:app", "Model rollouts: shadow traffic, canary waves, rollback."),
 }

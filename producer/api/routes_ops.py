@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, cast
 
-from fastapi import APIRouter, Body, Response
+from fastapi import APIRouter, Body, Query, Response
 
 from producer.api.auth import require_operator
 from producer.api.context import Caller, Context
@@ -12,6 +12,8 @@ from producer.api.errors import UNAUTHORIZED, UNREADABLE, error_responses
 from producer.api.schemas import (
     MODE_BODY_EXAMPLES,
     AlarmLabel,
+    AuditEntryView,
+    AuditView,
     BreakerSummary,
     HealthView,
     LiveView,
@@ -23,6 +25,7 @@ from producer.api.schemas import (
     WorkerSummary,
     WorkersView,
 )
+from shared.audit import AUDIT_MAXLEN, read_audit
 from shared.control import read_control_state, set_mode
 from shared.live_workers import read_live_workers
 from shared.metrics import render
@@ -101,11 +104,27 @@ def put_mode(
 ) -> ModeView:
     """Operator override: `critical-only` admits only critical types (loan approvals) until `normal`."""
     require_operator(principal)
-    previous = set_mode(
-        context.redis, context.producer.queue.keys, body.mode, actor=f"api:{principal.key_id}"
-    )
+    previous = set_mode(context.redis, context.producer.queue.keys, body.mode, actor=principal.actor)
     context.producer.admission.invalidate()
     return ModeView(mode=body.mode, previous=previous)
+
+
+@router.get(
+    "/v1/audit",
+    response_model=AuditView,
+    responses=error_responses({401: UNAUTHORIZED, 403: "not an operator key"}),
+    tags=["operator"],
+    summary="Operator actions, newest first",
+)
+def read_audit_trail(
+    context: Context,
+    principal: Caller,
+    limit: Annotated[int, Query(ge=1, le=AUDIT_MAXLEN, description="most entries to return")] = 100,
+) -> AuditView:
+    """The audit trail: mode switches, key creations and revocations, rollout steps, with who and when."""
+    require_operator(principal)
+    entries = read_audit(context.redis, context.producer.queue.keys, limit)
+    return AuditView(entries=[AuditEntryView(**entry.as_dict()) for entry in entries])
 
 
 @router.get("/livez", response_model=LiveView, tags=["health"])

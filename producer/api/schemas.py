@@ -353,6 +353,19 @@ class ModeView(BaseModel):
     previous: Mode
 
 
+class AuditEntryView(BaseModel):
+    time: float = Field(description="when, in seconds since the epoch")
+    actor: str = Field(description="who: `key:<id> (<name>)` over HTTP, the OS user or --actor otherwise")
+    action: str = Field(description="mode.set, key.create, key.revoke, key.rotate_secret, rollout.<step>")
+    target: str = Field(description="the queue, a key's id, a branch or a rollout's id")
+    before: Any = None
+    after: Any = None
+
+
+class AuditView(BaseModel):
+    entries: list[AuditEntryView] = Field(description="newest first")
+
+
 class LiveView(BaseModel):
     status: Literal["ok"]
 
