@@ -114,6 +114,21 @@ class Settings(BaseSettings):
     )
     api_max_body_bytes: int = Field(default=1_048_576, ge=1024)
     operator_key: str | None = Field(default=None, description="bootstrap operator API key")
+    metrics_auth: Literal["none", "operator"] = Field(
+        default="none",
+        description="who may read the API's /metrics: anyone who reaches the port (none), or operator "
+        "keys only (operator: Prometheus sends one as a bearer token)",
+    )
+    metrics_port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65535,
+        description="serve the API's /metrics on this port of its own (e.g. one only Prometheus can "
+        "reach) instead of the API port, which then answers 404 there",
+    )
+    metrics_host: str | None = Field(
+        default=None, description="address the metrics port binds (default: the API's --host)"
+    )
     ssl_certfile: str | None = Field(
         default=None, description="the API's TLS certificate (PEM); with ssl_keyfile the API serves HTTPS"
     )

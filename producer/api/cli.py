@@ -38,6 +38,8 @@ def api(
     access_log: bool = typer.Option(True, "--access-log/--no-access-log"),
     ssl_certfile: str | None = typer.Option(None, "--ssl-certfile", help=setting_help("ssl_certfile")),
     ssl_keyfile: str | None = typer.Option(None, "--ssl-keyfile", help=setting_help("ssl_keyfile")),
+    metrics_auth: str | None = typer.Option(None, "--metrics-auth", help=setting_help("metrics_auth")),
+    metrics_port: int | None = typer.Option(None, "--metrics-port", help=setting_help("metrics_port")),
 ) -> None:
     """Serve the branch-office HTTP API (OpenAPI at /openapi.json, docs at /docs); HTTPS with a
     certificate and its key."""
@@ -47,6 +49,8 @@ def api(
         policy_file=policy_file,
         ssl_certfile=ssl_certfile,
         ssl_keyfile=ssl_keyfile,
+        metrics_auth=metrics_auth,
+        metrics_port=metrics_port,
     )
     for flag, path in (("--ssl-certfile", settings.ssl_certfile), ("--ssl-keyfile", settings.ssl_keyfile)):
         if path is not None and not os.path.isfile(path):
@@ -58,6 +62,16 @@ def api(
         raise typer.Exit(1) from None
     os.environ["TIDEGATE_REDIS_URL"] = url
     os.environ["TIDEGATE_QUEUE_NAME"] = settings.queue_name
+    os.environ["TIDEGATE_METRICS_AUTH"] = settings.metrics_auth
+    if settings.metrics_port is not None:
+        if workers > 1:
+            fail(
+                "--metrics-port: one process serves it, not --workers "
+                f"{workers}; keep /metrics on the API port behind --metrics-auth operator instead",
+                EXIT_BAD_INPUT,
+            )
+        os.environ["TIDEGATE_METRICS_PORT"] = str(settings.metrics_port)
+        os.environ["TIDEGATE_METRICS_HOST"] = settings.metrics_host or host
     if settings.policy_file:
         os.environ["TIDEGATE_POLICY_FILE"] = settings.policy_file
     uvicorn.run(

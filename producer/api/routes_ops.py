@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Annotated, cast
 
-from fastapi import APIRouter, Body, Query, Response
+from fastapi import APIRouter, Body, Query, Request, Response
 
 from producer.api.auth import require_operator
 from producer.api.context import Caller, Context
 from producer.api.errors import UNAUTHORIZED, UNREADABLE, error_responses
+from producer.api.metrics_access import check_metrics_access
 from producer.api.schemas import (
     MODE_BODY_EXAMPLES,
     AlarmLabel,
@@ -162,12 +163,19 @@ def healthz(context: Context) -> HealthView:
     response_class=Response,
     responses={
         200: {"content": {"text/plain": {"schema": {"type": "string"}}}},
-        **error_responses({}, validated=False),
+        **error_responses(
+            {401: UNAUTHORIZED, 403: "not an operator key", 404: "on its own port"}, validated=False
+        ),
     },
     tags=["health"],
     summary="Prometheus metrics",
 )
-def metrics(context: Context) -> Response:
-    """Prometheus exposition: queue state read from Redis, plus this process's own metrics."""
+def metrics(context: Context, request: Request) -> Response:
+    """Prometheus exposition: queue state read from Redis, plus this process's own metrics.
+
+    Open unless configured otherwise: operator keys only (`TIDEGATE_METRICS_AUTH=operator`), or
+    served on a port of its own (`TIDEGATE_METRICS_PORT`). The key is read from the header here, not
+    declared as the route's security, because by default a scrape needs none."""
+    check_metrics_access(context.settings, context.authenticator, request.headers.get("authorization"))
     body, content_type = render(context.registry)
     return Response(content=body, media_type=content_type)
