@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from redis import Redis
@@ -56,6 +58,45 @@ def test_a_worker_whose_lease_was_taken_over_cannot_write(
     ticket = fast_queue.get(first.ticket.id)
     assert ticket is not None and ticket.status is TicketStatus.DONE and ticket.result == "on time"
     assert fast_queue.stats().outcome_count("complaint", "done") == 1
+
+
+def test_an_answer_to_a_cancelled_ticket_is_dropped_quietly(
+    fast_queue: TicketQueue, fast_policy: Policy, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A cancel is the branch's choice, not a fault: no warning, whether the cancel reached the
+    request (its abort says so) or came as the answer was finishing (only the ticket says so)."""
+    caplog.set_level(logging.INFO, logger="worker.result_writer")
+    for aborted in (True, False):
+        fast_queue.enqueue(request(fast_policy))
+        (claimed,) = fast_queue.claim("w", 1)
+        running = RunningTicket(claimed.ticket, claimed.token, gpu=0)
+        assert fast_queue.cancel(running.id) == "running"
+        if aborted:
+            running.handle.abort(AbortReason.CANCELLED)
+        caplog.clear()
+        assert not ResultWriter(fast_queue, "w").done(running, answer("unwanted"))
+        assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+            (
+                logging.INFO,
+                f"ticket {running.id}: cancelled by its branch while running; its answer is not stored",
+            )
+        ]
+        ticket = fast_queue.get(running.id)
+        assert ticket is not None and ticket.status is TicketStatus.CANCELLED and ticket.result is None
+
+
+def test_an_answer_after_a_takeover_still_warns(
+    fast_queue: TicketQueue, fast_policy: Policy, caplog: pytest.LogCaptureFixture
+) -> None:
+    fast_queue.enqueue(request(fast_policy))
+    (first,) = fast_queue.claim("slow", 1, lease_seconds=0.05)
+    wait_for(lambda: fast_queue.reap("test", 0.01).requeued == 1, 5, "the reaper to take the lease back")
+    with caplog.at_level(logging.INFO, logger="worker.result_writer"):
+        assert not ResultWriter(fast_queue, "slow").done(
+            RunningTicket(first.ticket, first.token, 0), answer("x")
+        )
+    assert [r.levelno for r in caplog.records] == [logging.WARNING]
+    assert "lease lost before its answer was written" in caplog.records[0].getMessage()
 
 
 @contextmanager
