@@ -41,6 +41,14 @@ class SubmitResult:
     def accepted(self) -> bool:
         return self.outcome != "rejected"
 
+    @property
+    def shed_code(self) -> ShedCode | None:
+        """The code a rejection answers with (HTTP, OpenAI and `enqueue --json` alike): its own; one
+        recorded without a code answers as a type cap, as the HTTP answer always has."""
+        if self.outcome != "rejected":
+            return None
+        return self.code or ShedCode.TYPE_CAP
+
 
 class Producer:
     def __init__(

@@ -8,6 +8,7 @@ fast and lets a worker node run without importing the API's dependencies.
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 from typing import Any
 
 import typer
@@ -68,8 +69,26 @@ app = typer.Typer(
 )
 
 
+def version() -> str:
+    """The installed distribution's version (a source tree run without installing says so)."""
+    try:
+        return importlib.metadata.version("tidegate")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"tidegate {version()}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    show_version: bool = typer.Option(
+        False, "--version", is_eager=True, callback=_print_version, help="Print the version and exit."
+    ),
+) -> None:
     """tidegate: a Redis-backed priority work queue that keeps LLM inference alive under overload."""
 
 

@@ -105,7 +105,8 @@ def list_keys(
     queue: str | None = QueueOption,
     as_json: bool = JsonOption,
 ) -> None:
-    """List keys (ids, branches, roles, revocations); secrets are never stored, so never shown."""
+    """List keys (ids, roles, branches, default types, revocations); secrets are never stored, so
+    never shown."""
     store = _store(queue)
     try:
         found = store.list_keys(branch)
@@ -114,12 +115,13 @@ def list_keys(
     if as_json:
         print_json({"keys": [_doc(k) for k in found]})
         return
-    table = Table("id", "role", "branch", "label", "created", "revoked")
+    table = Table("id", "role", "branch", "default type", "label", "created", "revoked")
     for key in found:
         table.add_row(
             key.key_id,
             key.role.value,
             key.branch_id or "",
+            key.default_type or "",
             key.label,
             _when(key.created_at),
             _when(key.revoked_at),

@@ -32,7 +32,7 @@ def retry_after_header(seconds: float | None) -> int:
 def shed_answer(result: SubmitResult, ticket_type: str, policy: Policy) -> Shed:
     """The 429 for a rejected submission, looked up from the code admission or the cap returned."""
     retry_after = retry_after_header(result.retry_after)
-    code = result.code or ShedCode.TYPE_CAP
+    code = result.shed_code or ShedCode.TYPE_CAP  # a rejection always has one
     message = shed_message(
         code,
         ticket_type,

@@ -57,3 +57,9 @@ def test_an_open_breaker_shows_everywhere_and_refuses_new_tickets(
     assert reply.status_code == 429
     assert reply.json()["error"]["code"] == "circuit_open"
     assert int(reply.headers["Retry-After"]) >= 1
+
+    # The command line refuses it the same way and says so with the same code.
+    refused = run_cli("enqueue", "--type", "loan_approval", "--branch", "0412", "--prompt", "x", "--json")
+    assert refused.returncode == 1
+    doc = json.loads(refused.stdout)
+    assert (doc["outcome"], doc["code"]) == ("rejected", "circuit_open") and doc["retry_after"] > 0
