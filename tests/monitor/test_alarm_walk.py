@@ -133,3 +133,22 @@ def test_an_unreachable_redis_is_reported_and_the_loop_keeps_sampling(policy: Po
     runner.join(10)
     assert not runner.is_alive()
     assert len(results) == 3 and all((r.error or "").startswith("Redis error") for r in results)
+
+
+def test_level_since_stays_put_while_nothing_changes(
+    make_monitor: MonitorFactory, redis_client: Redis, fake_clock: FakeClock
+) -> None:
+    monitor = make_monitor()
+    first = fake_clock.at
+    for _ in range(3):
+        assert monitor.tick().level is AlarmLevel.GREEN
+        fake_clock.advance(1.5)
+    state, _ = read_control_state(redis_client, monitor.keys, monitor.policy.alarms)
+    assert state.level_since == first
+    # A monitor taking over carries the published moment on.
+    successor = make_monitor()
+    monitor.leadership.release()
+    fake_clock.advance(1.5)
+    assert successor.tick().acting
+    state, _ = read_control_state(redis_client, monitor.keys, monitor.policy.alarms)
+    assert state.level_since == first
