@@ -159,7 +159,7 @@ class BreakerStore:
         for endpoint in endpoints:
             pipe.hgetall(self.keys.breaker(endpoint))
             for key in self._bucket_keys(endpoint, now):
-                pipe.hmget(key, "ok", "err")
+                pipe.hmget(key, ["ok", "err"])
         replies = pipe.execute()
         step = 1 + len(LADDER) * BUCKETS_PER_WINDOW
         views = []
