@@ -10,7 +10,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from ops.monitor.loop import Monitor, MonitorConfig, TickResult
-from shared.control import read_control_state, read_events
+from shared.control import STALE_AFTER_SECONDS, read_control_state, read_events
 from shared.policy import AlarmLevel, Policy
 from tests.monitor.conftest import MonitorFactory
 from tests.monitor.support import FakeClock, fill
@@ -152,3 +152,13 @@ def test_level_since_stays_put_while_nothing_changes(
     assert successor.tick().acting
     state, _ = read_control_state(redis_client, monitor.keys, monitor.policy.alarms)
     assert state.level_since == first
+
+
+def test_a_level_derived_from_depth_has_no_since(
+    make_monitor: MonitorFactory, redis_client: Redis, fake_clock: FakeClock
+) -> None:
+    monitor = make_monitor()
+    assert monitor.tick().acting
+    fake_clock.advance(STALE_AFTER_SECONDS + 1)  # the monitor has died: its level is not trusted
+    state, _ = read_control_state(redis_client, monitor.keys, monitor.policy.alarms)
+    assert not state.level_is_published and state.level_since is None
