@@ -268,8 +268,9 @@ class TrafficPlayer:
         with self._lock:
             if record.first_submit_at is None:
                 record.first_submit_at = answer.sent_at
+            record.degraded = answer.degraded  # the last refusal's kind decides how a give-up reads
         if answer.verdict == "shed":
-            self._shed(record, attempt, answer.retry_after, answer.ticket_id, degraded=answer.degraded)
+            self._shed(record, attempt, answer.retry_after, answer.ticket_id)
         elif answer.verdict == "error" or record.ticket_id is None:
             with self._lock:
                 record.outcome, record.error = "error", answer.error or "no ticket id in the answer"
@@ -300,20 +301,13 @@ class TrafficPlayer:
         self._shed(record, attempt, retry_after, str(ticket_id) if ticket_id else None)
 
     def _shed(
-        self,
-        record: TicketRecord,
-        attempt: int,
-        retry_after: float | None,
-        ticket_id: str | None,
-        *,
-        degraded: bool = False,
+        self, record: TicketRecord, attempt: int, retry_after: float | None, ticket_id: str | None
     ) -> None:
         delay = self.settings.retry.delay(retry_after, self._rng)
         retry = delay is not None and attempt < self.settings.retry.max_attempts
         with self._lock:
             record.submissions += 1
             record.rejections += 1
-            record.degraded = degraded
             if ticket_id:
                 record.rejected_ids.append(ticket_id)
             if retry:
