@@ -10,7 +10,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from ops.monitor.loop import Monitor, MonitorConfig, TickResult
-from shared.control import read_control_state, read_events
+from shared.control import STALE_AFTER_SECONDS, read_control_state, read_events
 from shared.policy import AlarmLevel, Policy
 from tests.monitor.conftest import MonitorFactory
 from tests.monitor.support import FakeClock, fill
@@ -133,3 +133,32 @@ def test_an_unreachable_redis_is_reported_and_the_loop_keeps_sampling(policy: Po
     runner.join(10)
     assert not runner.is_alive()
     assert len(results) == 3 and all((r.error or "").startswith("Redis error") for r in results)
+
+
+def test_level_since_stays_put_while_nothing_changes(
+    make_monitor: MonitorFactory, redis_client: Redis, fake_clock: FakeClock
+) -> None:
+    monitor = make_monitor()
+    first = fake_clock.at
+    for _ in range(3):
+        assert monitor.tick().level is AlarmLevel.GREEN
+        fake_clock.advance(1.5)
+    state, _ = read_control_state(redis_client, monitor.keys, monitor.policy.alarms)
+    assert state.level_since == first
+    # A monitor taking over carries the published moment on.
+    successor = make_monitor()
+    monitor.leadership.release()
+    fake_clock.advance(1.5)
+    assert successor.tick().acting
+    state, _ = read_control_state(redis_client, monitor.keys, monitor.policy.alarms)
+    assert state.level_since == first
+
+
+def test_a_level_derived_from_depth_has_no_since(
+    make_monitor: MonitorFactory, redis_client: Redis, fake_clock: FakeClock
+) -> None:
+    monitor = make_monitor()
+    assert monitor.tick().acting
+    fake_clock.advance(STALE_AFTER_SECONDS + 1)  # the monitor has died: its level is not trusted
+    state, _ = read_control_state(redis_client, monitor.keys, monitor.policy.alarms)
+    assert not state.level_is_published and state.level_since is None
