@@ -32,7 +32,7 @@ from worker.vllm_args import launch_args
 
 log = logging.getLogger("tidegate.worker")
 
-app = typer.Typer(add_completion=False)
+app = typer.Typer(add_completion=False, rich_markup_mode=None)
 
 Backend = Literal["nvml", "sim", "auto"]
 

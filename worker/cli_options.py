@@ -85,7 +85,9 @@ def parameters() -> list[inspect.Parameter]:
         kind = _scalar(WorkerConfig.model_fields[name].annotation)
         option = option_name(name)
         if flag.many:
-            annotation: Any = Annotated[list[str] | None, typer.Option(option, help=option_help(name))]
+            annotation: Any = Annotated[
+                list[str] | None, typer.Option(option, metavar="LIST", help=option_help(name))
+            ]
         elif kind is bool:
             declared = f"{option}/--no-{option.removeprefix('--')}"
             annotation = Annotated[bool | None, typer.Option(declared, help=option_help(name))]
