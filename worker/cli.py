@@ -163,8 +163,8 @@ def _print_vllm_args(config: WorkerConfig, as_json: bool) -> None:
             total = provider.memory(0).total_bytes if count else None
     except (GpuBackendError, OSError) as exc:
         log.warning("GPU figures unavailable (%s)", exc)
-    if config.gpus is not None and config.gpus != "all":
-        count = int(config.gpus)
+    if config.gpu_count is not None:
+        count = config.gpu_count
     args, notes = launch_args(
         gpus=max(count, 1),
         spec=config.model_spec,
@@ -181,8 +181,6 @@ def _print_vllm_args(config: WorkerConfig, as_json: bool) -> None:
 
 
 def _supervise(config: WorkerConfig) -> None:
-    assert config.gpus is not None
-
     def device_count() -> int:
         provider = _gpu_provider(config.gpu_backend, config.vllm_urls[0], None)
         if provider is None:
@@ -190,7 +188,7 @@ def _supervise(config: WorkerConfig) -> None:
         return provider.device_count()
 
     try:
-        targets = plan_targets(config.gpus, config.vllm_urls, device_count)
+        targets = plan_targets(config.gpu_count, config.vllm_urls, device_count)
     except PlanError as exc:
         fail(str(exc), EXIT_BAD_INPUT)
     base = config.worker_id if "worker_id" in config.model_fields_set else socket.gethostname()

@@ -138,6 +138,11 @@ class WorkerConfig(Settings):
         return (self.queue_name, *(q for q in self.extra_queues if q != self.queue_name))
 
     @property
+    def gpu_count(self) -> int | None:
+        """`--gpus N` as a number; None for `all` (or no supervisor)."""
+        return None if self.gpus in (None, "all") else int(self.gpus)
+
+    @property
     def vllm_urls(self) -> list[str]:
         """The endpoints in `vllm_url` (a comma list under a supervisor: one per GPU)."""
         return [url.strip() for url in self.vllm_url.split(",") if url.strip()]

@@ -28,28 +28,24 @@ class PlanError(ValueError):
 
 
 def plan_targets(
-    gpus: str, vllm_urls: Sequence[str], device_count: Callable[[], int]
+    count: int | None, vllm_urls: Sequence[str], device_count: Callable[[], int]
 ) -> list[tuple[int, str]]:
-    """(GPU index, vLLM URL) of each child.
+    """(GPU index, vLLM URL) of each child; `count` is `--gpus N` (None: `--gpus all`).
 
     Several URLs: one child per URL (GPU i serves URL i). One URL: one child per GPU, all on that
     endpoint (a data-parallel vLLM, or the simulator with `--gpus N`). `--gpus N` fixes the count.
     """
     if not vllm_urls:
         raise PlanError("--vllm-url: at least one vLLM URL is needed")
-    if gpus == "all":
+    if count is None:
         count = len(vllm_urls) if len(vllm_urls) > 1 else device_count()
-    elif gpus.isdigit() and int(gpus) >= 1:
-        count = int(gpus)
-    else:
-        raise PlanError(f"--gpus {gpus!r} is not accepted; use all or a positive number")
     if count < 1:
         raise PlanError("--gpus all found no GPU on this node")
     if len(vllm_urls) == 1:
         return [(index, vllm_urls[0]) for index in range(count)]
     if len(vllm_urls) != count:
         raise PlanError(
-            f"--gpus {gpus} asks for {count} workers but {len(vllm_urls)} --vllm-url values were given; "
+            f"--gpus {count} asks for {count} workers but {len(vllm_urls)} --vllm-url values were given; "
             "give one URL per GPU, or a single URL for all"
         )
     return list(enumerate(vllm_urls))
