@@ -7,23 +7,21 @@ import logging
 import signal
 import socket
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Annotated, Any, Literal
 
 import redis
 import typer
-from pydantic import ValidationError
 
 from shared.cli_support import EXIT_BAD_INPUT, fail, print_json
 from shared.config import Settings
 from shared.keys import QueueKeys
 from shared.logs import configure_logging, tag_process
 from shared.metrics import serve
-from shared.policy import PolicyError
 from shared.redis_conn import RedisUnavailable, connect_from
 from shared.tracing import configure_tracing
-from worker.cli_options import PER_CHILD, child_args, config_from_options, option_args, parameters, refusal
+from worker.cli_options import PER_CHILD, child_args, load_config, option_args, parameters
 from worker.config import WorkerConfig
 from worker.gpu_memory import GpuBackendError, GpuMemoryProvider, make_provider
 from worker.registry import check_alive
@@ -86,18 +84,6 @@ def worker(**values: Any) -> None:
             EXIT_BAD_INPUT,
         )
     _run_one(config.model_copy(update={"vllm_url": urls[config.gpu] if len(urls) > 1 else urls[0]}))
-
-
-def load_config(values: Mapping[str, Any]) -> WorkerConfig:
-    """The settings from the options over the environment; a refused value or policy exits 2."""
-    try:
-        config = config_from_options(values)
-        config.policy  # noqa: B018 - load the policy now so a bad file fails at start
-    except ValidationError as exc:
-        fail(refusal(exc), EXIT_BAD_INPUT)
-    except PolicyError as exc:
-        fail(str(exc), EXIT_BAD_INPUT)
-    return config
 
 
 def _declare(command: Callable[..., None], params: list[inspect.Parameter]) -> Callable[..., None]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 import types
 from collections.abc import Mapping
+from functools import cache
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import typer
@@ -18,7 +19,9 @@ from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
+from shared.cli_support import EXIT_BAD_INPUT, fail
 from shared.config import Settings
+from shared.policy import PolicyError
 from worker.config import SHARED_FLAGS, Flag, WorkerConfig
 
 PER_CHILD = frozenset({"gpus", "gpu", "vllm_url", "worker_id", "worker_metrics_port"})
@@ -31,6 +34,7 @@ def _flag_of(name: str, field: FieldInfo) -> Flag | None:
     return next((m for m in field.metadata if isinstance(m, Flag)), Flag())
 
 
+@cache
 def options() -> dict[str, Flag]:
     """Every setting with an option of its own, by field name, in declaration order."""
     found = {}
@@ -116,6 +120,18 @@ def config_from_options(values: Mapping[str, Any]) -> WorkerConfig:
     return WorkerConfig(**given(values))
 
 
+def load_config(values: Mapping[str, Any]) -> WorkerConfig:
+    """The settings from the options over the environment; a refused value or policy exits 2."""
+    try:
+        config = config_from_options(values)
+        config.policy  # noqa: B018 - load the policy now so a bad file fails at start
+    except ValidationError as exc:
+        fail(refusal(exc), EXIT_BAD_INPUT)
+    except PolicyError as exc:
+        fail(str(exc), EXIT_BAD_INPUT)
+    return config
+
+
 def refusal(exc: ValidationError) -> str:
     """One line naming the setting, the value, the option and the variable of a refused value."""
     first = exc.errors()[0]
@@ -158,16 +174,15 @@ def option_args(config: WorkerConfig, name: str, flag: Flag | None = None) -> li
     if value is None:
         return []
     if flag.many:
-        carried = [getattr(config, n) for n, f in _via(name)]
+        carried = [getattr(config, other) for other in _via(name)]
         value = ",".join([str(value), *(str(item) for items in carried for item in items)])
     return [option, _text(value)]
 
 
-def _via(name: str) -> list[tuple[str, Flag]]:
+def _via(name: str) -> list[str]:
     """Fields whose values travel in `name`'s option (the extra queues in `--queue`)."""
-    found = []
-    for other, field in WorkerConfig.model_fields.items():
-        flag = _flag_of(other, field)
-        if flag is not None and flag.via == name:
-            found.append((other, flag))
-    return found
+    return [
+        other
+        for other, field in WorkerConfig.model_fields.items()
+        if (flag := _flag_of(other, field)) is not None and flag.via == name
+    ]

@@ -1,7 +1,7 @@
 """Every knob of one worker process, declared once: type, bound, default, help and `TIDEGATE_*` name.
 
-`WorkerConfig` is a pydantic-settings model: the process-wide `Settings` (Redis, queue, vLLM URLs,
-batch and memory knobs) plus what only a worker process has (its GPU, timings, model overrides).
+`WorkerConfig` is a pydantic-settings model: the process-wide `Settings` (Redis, queue, lease,
+fallback endpoints) plus what only a worker has (its vLLM and GPU, batch and memory knobs, timings).
 `tidegate worker`'s options, their help and the supervisor's child arguments are derived from it
 (worker/cli_options.py), so a knob added here is a flag, a variable and a child argument at once.
 Precedence: flags, then the environment (and `.env`), then the field's default or the policy's.
@@ -36,20 +36,7 @@ SHARED_FLAGS: dict[str, Flag] = {
     "queue_name": Flag(
         "--queue", many=True, more_help="Repeat it, or a comma list, to serve several queues in that order."
     ),
-    "vllm_url": Flag(many=True, more_help="Repeat it, or a comma list, one per GPU."),
     "fallback_vllm_url": Flag(),
-    "gpu_backend": Flag(),
-    "max_batch": Flag(),
-    "safety_margin": Flag(),
-    "kv_high_watermark": Flag(),
-    "critical_headroom": Flag(),
-    "slo_guard": Flag(),
-    "adaptive_limit": Flag(),
-    "adaptive_tolerance": Flag(),
-    "adaptive_slo": Flag(),
-    "preemption": Flag(),
-    "preemption_patience": Flag(),
-    "prefill_guard_tokens": Flag(),
     "lease_seconds": Flag(),
 }
 """The process-wide settings (shared/config.py declares them) a worker takes as options too."""
@@ -61,6 +48,61 @@ class WorkerConfig(Settings):
     """One worker process's settings; its own fields below are options of `tidegate worker`."""
 
     gpu: int = Field(default=0, ge=0, description="GPU index this worker serves")
+    vllm_url: Annotated[str, Flag(many=True, more_help="Repeat it, or a comma list, one per GPU.")] = Field(
+        default="http://127.0.0.1:8000", description="the local vLLM endpoint"
+    )
+    gpu_backend: Literal["nvml", "sim", "auto"] = Field(default="auto", description="GPU memory source")
+    max_batch: int = Field(default=32, ge=1, le=1024, description="most tickets a worker keeps in flight")
+    safety_margin: float = Field(default=0.15, ge=0, lt=1, description="share of GPU memory kept free")
+    kv_high_watermark: float = Field(
+        default=0.85, gt=0, le=1, description="KV-cache usage above which the batch shrinks"
+    )
+    critical_headroom: float = Field(
+        default=0.2,
+        ge=0,
+        lt=1,
+        description="share of each worker's batch and KV budget kept for critical types",
+    )
+    slo_guard: bool = Field(
+        default=False,
+        description="while service is degraded, workers cap other work so critical answers fit their SLO",
+    )
+    adaptive_limit: bool = Field(
+        default=True,
+        description="workers lower the in-flight limit of non-critical tickets while per-token latency "
+        "(time to first token per prompt token, time per output token) rises, and raise it again "
+        "when it falls; critical tickets are bounded by memory alone",
+    )
+    adaptive_tolerance: float = Field(
+        default=1.25,
+        ge=1,
+        description="how many times its baseline per-token latency a worker tolerates before it lowers "
+        "its in-flight limit; higher keeps the batch fuller at the cost of slower tokens",
+    )
+    adaptive_slo: bool = Field(
+        default=True,
+        description="while critical answers are finishing, their run times against their SLO move the "
+        "adaptive limit instead of the per-token gradient: it grows while they run well within their "
+        "share of the SLO and shrinks when they run past it",
+    )
+    preemption: bool = Field(
+        default=True,
+        description="a worker out of room (at its limit, or without KV budget for it) puts its newest "
+        "non-critical ticket back in the queue (no attempt used) so a waiting critical ticket starts now",
+    )
+    preemption_patience: float = Field(
+        default=0.0,
+        ge=0,
+        lt=1,
+        description="share of a critical ticket's SLO it waits for a free slot before a worker preempts "
+        "a running ticket for it (a preemption throws that ticket's work away); 0 = at once",
+    )
+    prefill_guard_tokens: int = Field(
+        default=8192,
+        ge=0,
+        description="most prompt tokens of non-critical tickets a worker keeps in prefill at once, so "
+        "long prompts cannot stall every decode step; 0 = no bound",
+    )
     gpus: str | None = Field(
         default=None,
         pattern=r"^(all|[1-9][0-9]*)$",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.config import Settings
+from worker.config import WorkerConfig
 
 REPO = Path(__file__).resolve().parents[2]
 TWO_COMMANDS = """```bash
@@ -46,6 +46,6 @@ def test_the_sample_env_is_accepted_by_the_settings(monkeypatch: pytest.MonkeyPa
     assert {"TIDEGATE_REDIS_URL", "TIDEGATE_VLLM_URL", "TIDEGATE_OPERATOR_KEY"} <= set(names)
     for name in names:
         monkeypatch.delenv(name, raising=False)
-        assert name.removeprefix("TIDEGATE_").lower() in Settings.model_fields, name
-    settings = Settings(_env_file=sample)  # type: ignore[call-arg]
+        assert name.removeprefix("TIDEGATE_").lower() in WorkerConfig.model_fields, name
+    settings = WorkerConfig(_env_file=sample)  # type: ignore[call-arg]
     assert settings.redis_url == "redis://127.0.0.1:6379/0" and settings.gpu_backend == "sim"
