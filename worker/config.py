@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, StringConstraints, model_validator
+from pydantic import Field, StringConstraints, field_validator, model_validator
 
 from shared.config import QUEUE_NAME_PATTERN, Settings
 from worker.model_spec import ModelSpec, load_model_spec
@@ -158,6 +158,11 @@ class WorkerConfig(Settings):
             extra = [name for name in (*others, *data.get("extra_queues", ())) if name != first]
             data = {**data, "queue_name": first, "extra_queues": tuple(dict.fromkeys(extra))}
         return data
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _any_case(cls, value: Any) -> Any:
+        return value.lower() if isinstance(value, str) else value
 
     @model_validator(mode="after")
     def _model_shape(self) -> WorkerConfig:

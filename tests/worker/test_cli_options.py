@@ -111,6 +111,10 @@ def test_the_option_wins_over_the_variable(monkeypatch: pytest.MonkeyPatch) -> N
     assert parse(["--max-batch", "3"]).max_batch == 3
 
 
+def test_log_level_in_any_case() -> None:
+    assert parse(["--log-level", "WARNING"]).log_level == "warning"
+
+
 def test_queue_options_are_one_list() -> None:
     config = parse(["--queue", "gold", "--queue", "silver,bronze", "--queue", "gold"])
     assert config.queue_names == ("gold", "silver", "bronze")
