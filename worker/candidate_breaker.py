@@ -3,8 +3,10 @@
 The candidate is counted on the shared breaker ladder like any endpoint (shared/breaker.py), and
 the primary is its fallback: while its circuit is open, or its sustained rung holds, the tickets
 the canary routes to it go to the primary instead and no shadow call is sent; half-open, one
-canary ticket at a time (shared by all workers) probes it. The rollout's own judge still sees the
-failures that tripped the breaker, so a candidate bad enough to trip it is rolled back as well.
+canary ticket at a time (shared by all workers) probes it. This breaker is the candidate's one
+health state: each canary ticket it keeps off the candidate is counted in the candidate's arm as a
+failure (`breaker`, worker/rollout_routing.py), so the wave judge sees what tripped it and rolls
+the candidate back instead of holding the wave for samples that never come.
 Every transition of the candidate's breaker is recorded as a rollout event once, by the worker
 that committed it, with where canary tickets go from then on.
 """

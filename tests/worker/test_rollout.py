@@ -22,17 +22,21 @@ from ops.lab.sim.process import SimulatorProcess
 from ops.monitor.dispatch import JobOptions
 from ops.monitor.rollout_controller import RolloutController
 from shared import clock
+from shared.breaker import endpoint_id
+from shared.breaker_store import BreakerStore
 from shared.control import read_events
 from shared.keys import QueueKeys
 from shared.models import Ticket, TicketRequest
-from shared.policy import Policy
+from shared.policy import Policy, RolloutPolicy
 from shared.queue import TicketQueue
 from shared.rollout import RolloutState, RolloutStatus
+from shared.rollout_report import rollout_summary
 from shared.rollout_stats import read_shadow
 from shared.rollout_store import RolloutStore
 from tests.worker.conftest import RunningWorker, sim_metric, wait_for
 from tests.worker.fault_proxy import FaultProxy
 from tests.worker.support import producer_for, wait_all_ended
+from worker.breaker_gate import BreakerGate
 from worker.config import WorkerConfig
 from worker.gpu_memory import make_provider
 from worker.rollout_routing import RolloutRouter
@@ -225,6 +229,49 @@ def test_a_failing_candidate_is_rolled_back_in_its_first_wave_and_no_ticket_is_l
     assert controller.actions_queue.count == 1, "the notify job is queued with the rollback"
 
 
+def test_a_candidate_answering_most_calls_with_503_is_rolled_back_within_three_intervals(
+    simulator: Callable[..., SimulatorProcess],
+    worker_on: Callable[[str], RunningWorker],
+    controller: RolloutController,
+    redis_client: Redis,
+    rollout_policy: Policy,
+    queue_name: str,
+) -> None:
+    """Its breaker opens and keeps canary tickets off it; those count against it, so the judge,
+    needing the policy's default samples, still sees a failing candidate (it once held at wave 0)."""
+    judged = rollout_policy.rollout.model_copy(update={"min_samples": RolloutPolicy().min_samples})
+    controller.policy = rollout_policy.model_copy(update={"rollout": judged})
+    primary = simulator(model=PRIMARY_MODEL)
+    candidate = simulator(model=CANDIDATE_MODEL, error_rate=0.6, error_status=503)
+    queue = TicketQueue(redis_client, rollout_policy, queue_name)
+    worker_on(primary.base_url)
+    interval = 2.0
+    state = start_rollout(redis_client, queue_name, candidate.base_url, interval_seconds=interval)
+    ids = submit_for(queue, ["b0"], per_branch=40) | submit_for(queue, [f"b{d}" for d in range(1, 10)], 2)
+    rolled = wait_for(
+        lambda: controller.tick(clock.now()),
+        state.started_at + 3 * interval - clock.now(),
+        "the monitor to roll the candidate back by itself within three wave intervals",
+    )
+    assert (rolled.ended_at or clock.now()) - state.started_at <= 3 * interval
+    assert rolled.status is RolloutStatus.ROLLED_BACK and rolled.wave == 0
+    assert "error rate" in rolled.reason
+    (rollback,) = [e for e in rollout_steps(redis_client, queue_name) if e["step"] == "rollback"]
+    assert rollback["actor"] == "monitor"
+    arms = (rollout_summary(redis_client, QueueKeys(queue_name)) or {})["arms"]
+    candidate_arm = arms["candidate"]  # as `tidegate rollout status --json` shows it
+    assert candidate_arm["error"] > 0 and candidate_arm["error_rate"] > judged.error_rate_margin, (
+        candidate_arm
+    )
+    assert candidate_arm["calls"] >= judged.min_samples
+    models = served_by(queue, ids)
+    assert set(models.values()) <= {PRIMARY_MODEL, CANDIDATE_MODEL}
+    stats = queue.stats()
+    assert (
+        stats.outcome_count("complaint", "submitted") == len(ids) == stats.outcome_count("complaint", "done")
+    )
+
+
 @pytest.mark.parametrize(
     ("step", "branch", "started_on", "then_on"),
     [
@@ -303,7 +350,7 @@ def test_shadow_traffic_reaches_the_candidate_at_its_fraction_stops_at_orange_an
     records = read_shadow(redis_client, keys, state.id)
     margin = 4 * math.sqrt(count * fraction * (1 - fraction))
     assert abs(len(records) - count * fraction) <= margin, f"{len(records)} shadows of {count} at {fraction}"
-    assert running.worker.rollout.shadow.skipped == {"level": 0, "unhealthy": 0, "breaker": 0, "busy": 0}
+    assert running.worker.rollout.shadow.skipped == {"level": 0, "breaker": 0, "busy": 0}
     assert sim_metric(candidate.base_url, "vllm:request_success_total") == len(records)
     assert {r["candidate"]["model"] for r in records} == {CANDIDATE_MODEL}
     assert all(0.0 <= r["similarity"] <= 1.0 and r["primary"]["ttft_seconds"] is not None for r in records)
@@ -340,12 +387,20 @@ def test_the_candidate_arm_streams_and_a_failing_candidate_is_not_shadowed(
     assert answer.model == CANDIDATE_MODEL and "".join(pieces) == answer.text, "streamed text passes through"
     assert redis_client.hget(keys.rollout_arms(state.id), "0:candidate:ok") == "1"
 
-    router.shadow.candidate_result(ok=False)
-    assert not router.shadow.offer(state, ticket("b5"), answer, 8), "no shadow while the candidate fails"
-    assert router.shadow.skipped["unhealthy"] == 1
-    router.shadow.candidate_result(ok=True)
     assert router.shadow.offer(state, ticket("b5"), answer, 8)
     wait_for(lambda: read_shadow(redis_client, keys, state.id), 10, "the shadow answer to be recorded")
+    router.close()
+
+    # The candidate's breaker is its one health state: open, it keeps shadow calls off it too.
+    store = BreakerStore(redis_client, keys, rollout_policy.breaker)
+    gate = BreakerGate(store, rollout_policy, primary, [])
+    router = RolloutRouter(
+        redis_client, keys, rollout_policy, pool_size=4, refresh_seconds=0.0, breakers=gate
+    )
+    for _ in range(rollout_policy.breaker.min_requests):
+        store.record(endpoint_id(candidate_url), False)
+    assert not router.shadow.offer(state, ticket("b5"), answer, 8), "no shadow while the candidate fails"
+    assert router.shadow.skipped["breaker"] == 1
     router.close()
     primary.close()
 
