@@ -5,7 +5,6 @@ version matches, never to the mismatched one; deep pages once."""
 
 from __future__ import annotations
 
-import time
 import tomllib
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -17,6 +16,7 @@ from redis import Redis
 from ops.lab.sim.process import SimulatorProcess
 from ops.monitor.loop import Monitor, MonitorConfig
 from producer.producer import Producer
+from shared import clock
 from shared.breaker import Phase
 from shared.breaker_store import BreakerStore
 from shared.control import read_events
@@ -118,7 +118,7 @@ def _ended(queue: TicketQueue, ids: list[str]) -> list[Ticket] | None:
 
 
 def _phase(store: BreakerStore, endpoint: str) -> Phase:
-    return store.read(endpoint).phase(time.time())
+    return store.read(endpoint).phase(clock.now())
 
 
 @pytest.mark.parametrize("ladder", [(BREAKER, 3)], indirect=True)
@@ -147,8 +147,9 @@ def test_instant_refuses_and_holds_deep_pages_once_probes_close(
         refused.retry_after is not None
         and 0 < refused.retry_after <= ladder["policy"].breaker.instant.open_seconds
     )
-    time.sleep(0.5)
-    assert queue.stats().inflight == 0  # nothing is sent while open: the tickets wait
+    # Nothing is sent while open: the calls out when it opened end, and the tickets wait.
+    wait_for(lambda: queue.stats().inflight == 0, 5, "the calls out when the circuit opened to end")
+    assert _phase(store, primary) is Phase.OPEN, "the test outran open_seconds"
     assert max(t.attempts for t in queue.get_many(held) if t) <= 1
 
     # Deep (and sustained) tripped with it: the monitor pages once, however often it samples.

@@ -17,8 +17,9 @@ from ops.monitor.loop import Monitor
 from ops.monitor.rq_worker import start_worker_process, stop_worker_process
 from shared.control import read_events
 from shared.policy import AlarmLevel, HooksPolicy, Policy
+from tests.fake_clock import FakeClock
 from tests.monitor.conftest import MonitorFactory
-from tests.monitor.support import FakeClock, RqQueues, fill
+from tests.monitor.support import RqQueues, fill
 
 
 def with_hooks(policy: Policy, **hooks: Any) -> Policy:

@@ -12,8 +12,9 @@ from redis.retry import Retry
 from ops.monitor.loop import Monitor, MonitorConfig, TickResult
 from shared.control import read_control_state, read_events
 from shared.policy import AlarmLevel, Policy
+from tests.fake_clock import FakeClock
 from tests.monitor.conftest import MonitorFactory
-from tests.monitor.support import FakeClock, fill
+from tests.monitor.support import fill
 
 
 def alarm_events(redis_client: Redis, monitor: Monitor) -> list[tuple[str, str, int]]:

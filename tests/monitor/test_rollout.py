@@ -14,8 +14,9 @@ from shared.policy import HooksPolicy, Policy, RolloutPolicy
 from shared.rollout import RolloutState, RolloutStatus
 from shared.rollout_stats import ArmStats, record_call
 from shared.rollout_store import RolloutError, RolloutStore
+from tests.fake_clock import FakeClock
 from tests.monitor.conftest import MonitorFactory
-from tests.monitor.support import FakeClock, RqQueues
+from tests.monitor.support import RqQueues
 
 POLICY = RolloutPolicy(
     min_samples=10,

@@ -10,29 +10,16 @@ from typing import Any
 import pytest
 from redis import Redis
 
-from shared import clock
 from shared.models import TicketRequest, TicketStatus
 from shared.policy import Policy
 from shared.queue import EnqueueOptions, TicketQueue
 from shared.shed import ShedCode
-
-
-class FakeClock:
-    def __init__(self, start: float = 1_800_000_000.0) -> None:
-        self.t = start
-
-    def __call__(self) -> float:
-        return self.t
-
-    def advance(self, seconds: float) -> None:
-        self.t += seconds
+from tests.fake_clock import FakeClock
 
 
 @pytest.fixture
 def fake_clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeClock]:
-    fake = FakeClock()
-    monkeypatch.setattr(clock, "now", fake)
-    yield fake
+    yield FakeClock().install(monkeypatch)
 
 
 def req(ticket_type: str, **kw: Any) -> TicketRequest:
