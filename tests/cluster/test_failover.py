@@ -30,7 +30,7 @@ LOAD_SECONDS = 1.0
 DRAIN_SECONDS = 30.0
 LEASE_SECONDS = 1.0
 
-pytestmark = [pytest.mark.slow, pytest.mark.flaky(reruns=0)]
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture

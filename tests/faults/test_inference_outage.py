@@ -20,7 +20,8 @@ from shared.models import TicketRequest, TicketStatus
 from shared.policy import BreakerLevelPolicy, BreakerPolicy, InstantPolicy, Policy
 from shared.queue import TicketQueue
 from shared.shed import ShedCode
-from tests.worker.conftest import RunningWorker, wait_for
+from tests.waiting import wait_until
+from tests.worker.conftest import RunningWorker
 from worker.config import WorkerConfig
 from worker.worker import Worker
 
@@ -107,7 +108,7 @@ def _outage(
         traffic.join(10)
         accepted = waiting + [tid for tid, result in submitted if result.outcome != "rejected"]
         refused = [result for _, result in submitted if result.outcome == "rejected"]
-        tickets = wait_for(
+        tickets = wait_until(
             lambda: (ts := queue.get_many(accepted)) and all(t and t.status.terminal for t in ts) and ts,
             outage_seconds + 60,
             "every accepted ticket to end",

@@ -33,7 +33,8 @@ from shared.rollout import RolloutState, RolloutStatus
 from shared.rollout_report import rollout_summary
 from shared.rollout_stats import read_shadow
 from shared.rollout_store import RolloutStore
-from tests.worker.conftest import RunningWorker, sim_metric, wait_for
+from tests.waiting import wait_until
+from tests.worker.conftest import RunningWorker, sim_metric
 from tests.worker.fault_proxy import FaultProxy
 from tests.worker.support import producer_for, wait_all_ended
 from worker.breaker_gate import BreakerGate
@@ -199,7 +200,7 @@ def test_a_failing_candidate_is_rolled_back_in_its_first_wave_and_no_ticket_is_l
         state = start_rollout(redis_client, queue_name, url, interval_seconds=0.5)
         ids = submit_for(queue, ["b0"], per_branch=12) | submit_for(queue, [f"b{d}" for d in range(1, 10)], 2)
         keys = QueueKeys(queue_name)
-        wait_for(
+        wait_until(
             lambda: (
                 int(cast("str", redis_client.hget(keys.rollout_arms(state.id), "0:candidate:error") or 0))
                 >= 3
@@ -208,7 +209,7 @@ def test_a_failing_candidate_is_rolled_back_in_its_first_wave_and_no_ticket_is_l
             "the candidate to fail some of the wave's calls",
         )
         time.sleep(max(state.wave_due_at() - clock.now(), 0))
-        rolled = wait_for(lambda: controller.tick(clock.now()), 10, "the monitor to judge the wave")
+        rolled = wait_until(lambda: controller.tick(clock.now()), 10, "the monitor to judge the wave")
         assert rolled.status is RolloutStatus.ROLLED_BACK and rolled.wave == 0
         assert "error rate" in rolled.reason
         models = served_by(queue, ids)
@@ -248,7 +249,7 @@ def test_a_candidate_answering_most_calls_with_503_is_rolled_back_within_three_i
     interval = 2.0
     state = start_rollout(redis_client, queue_name, candidate.base_url, interval_seconds=interval)
     ids = submit_for(queue, ["b0"], per_branch=40) | submit_for(queue, [f"b{d}" for d in range(1, 10)], 2)
-    rolled = wait_for(
+    rolled = wait_until(
         lambda: controller.tick(clock.now()),
         state.started_at + 3 * interval - clock.now(),
         "the monitor to roll the candidate back by itself within three wave intervals",
@@ -300,7 +301,7 @@ def test_a_ticket_running_when_the_rollout_moves_finishes_where_it_started_once(
     body = {"type": "archive_query", "branch_id": branch, "prompt": "long history " * 8, "max_tokens": 200}
     long_id = producer_for(queue).submit(body).ticket_id
     slow_sim = primary if started_on == PRIMARY_MODEL else candidate
-    wait_for(
+    wait_until(
         lambda: sim_metric(slow_sim.base_url, "vllm:num_requests_running") == 1, 20, "the long answer to run"
     )
     store = RolloutStore(redis_client, QueueKeys(queue_name))
@@ -346,7 +347,7 @@ def test_shadow_traffic_reaches_the_candidate_at_its_fraction_stops_at_orange_an
         shadow = running.worker.rollout.shadow
         return len(read_shadow(redis_client, keys, state.id)) if shadow._busy == 0 else 0
 
-    wait_for(settled, 20, "the shadow calls to finish")
+    wait_until(settled, 20, "the shadow calls to finish")
     records = read_shadow(redis_client, keys, state.id)
     margin = 4 * math.sqrt(count * fraction * (1 - fraction))
     assert abs(len(records) - count * fraction) <= margin, f"{len(records)} shadows of {count} at {fraction}"
@@ -388,7 +389,7 @@ def test_the_candidate_arm_streams_and_a_failing_candidate_is_not_shadowed(
     assert redis_client.hget(keys.rollout_arms(state.id), "0:candidate:ok") == "1"
 
     assert router.shadow.offer(state, ticket("b5"), answer, 8)
-    wait_for(lambda: read_shadow(redis_client, keys, state.id), 10, "the shadow answer to be recorded")
+    wait_until(lambda: read_shadow(redis_client, keys, state.id), 10, "the shadow answer to be recorded")
     router.close()
 
     # The candidate's breaker is its one health state: open, it keeps shadow calls off it too.

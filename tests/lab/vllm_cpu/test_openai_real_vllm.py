@@ -19,7 +19,8 @@ from shared.models import TicketStatus
 from tests.lab.vllm_cpu.conftest import WORKER_SKIP_MARK
 from tests.producer.api.openai import conftest as openai_fixtures
 from tests.producer.api.openai.conftest import Gateway, RunningWorker
-from tests.worker.conftest import sim_metric, wait_for
+from tests.waiting import wait_until
+from tests.worker.conftest import sim_metric
 from worker.model_spec import load_model_spec
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300)]
@@ -91,7 +92,7 @@ def test_closing_a_stream_aborts_the_real_request(gateway: Gateway, real_worker:
         ticket_id = raw.headers["x-tidegate-ticket-id"]
         lines = raw.iter_lines()
         assert any(line.startswith("data: {") for _, line in zip(range(8), lines, strict=False))
-    wait_for(
+    wait_until(
         lambda: sim_metric(real_worker, "vllm:num_requests_running") == 0,
         10,
         "vLLM to drop the aborted request",

