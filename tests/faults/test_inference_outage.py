@@ -16,6 +16,7 @@ from redis import Redis
 
 from ops.lab.sim.process import SimulatorProcess
 from producer.producer import Producer
+from shared import clock
 from shared.models import TicketRequest, TicketStatus
 from shared.policy import BreakerLevelPolicy, BreakerPolicy, InstantPolicy, Policy
 from shared.queue import TicketQueue
@@ -93,17 +94,27 @@ def _outage(
     stop = threading.Event()
     traffic = threading.Thread(target=_traffic, args=(producer, stop, submitted), daemon=True)
     traffic.start()
-    time.sleep(1.0)
+    wait_until(lambda: queue.stats().outcome_count("complaint", "done") >= 3, 30, "traffic flowing")
     assert sim.pid is not None
     port = sim.port
     os.kill(sim.pid, signal.SIGKILL)  # an engine crash: connections refused from now on
     # Tickets admitted just before the circuit could open, short-lived enough to expire in the outage.
     waiting = [queue.enqueue(_short_lived(i)).ticket_id for i in range(HELD_SHORT_LIVED)]
-    time.sleep(outage_seconds)
+    time.sleep(outage_seconds)  # the outage itself: the engine stays down this long
     restarted = SimulatorProcess(port=port, time_scale=50).start()
-    recovered_at = time.time()
+    recovered_at = clock.now()
+
+    def answered_after_recovery() -> bool:
+        after = [tid for tid, result in list(submitted) if result.outcome != "rejected"][-20:]
+        return any(
+            t is not None and t.status is TicketStatus.DONE and t.created_at > recovered_at
+            for t in queue.get_many(after)
+        )
+
     try:
-        time.sleep(policy.breaker.instant.open_seconds + 2.0)  # past the open circuit's probe
+        wait_until(
+            answered_after_recovery, policy.breaker.instant.open_seconds + 30, "a probe to close the circuit"
+        )
         stop.set()
         traffic.join(10)
         accepted = waiting + [tid for tid, result in submitted if result.outcome != "rejected"]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import time
 from collections.abc import Callable, Iterator
 from typing import Any, cast
 
@@ -169,8 +168,7 @@ def test_a_healthy_candidate_advances_wave_by_wave_and_branch_3_joins_at_wave_3(
         for ticket_id, branch in ids.items():
             expected = CANDIDATE_MODEL if int(branch[-1]) <= wave else PRIMARY_MODEL
             assert models[ticket_id] == expected, f"wave {wave}: {branch} was served by {models[ticket_id]}"
-        time.sleep(max(state.wave_due_at() - clock.now(), 0))
-        state = controller.tick(clock.now()) or state
+        state = controller.tick(max(clock.now(), state.wave_due_at())) or state  # at the wave's end
         assert state.wave == wave + 1 or state.status is RolloutStatus.COMPLETE, f"wave {wave} did not pass"
     assert state.status is RolloutStatus.COMPLETE
     steps = [e["step"] for e in rollout_steps(redis_client, queue_name)]
@@ -208,8 +206,11 @@ def test_a_failing_candidate_is_rolled_back_in_its_first_wave_and_no_ticket_is_l
             30,
             "the candidate to fail some of the wave's calls",
         )
-        time.sleep(max(state.wave_due_at() - clock.now(), 0))
-        rolled = wait_until(lambda: controller.tick(clock.now()), 10, "the monitor to judge the wave")
+        rolled = wait_until(
+            lambda: controller.tick(max(clock.now(), state.wave_due_at())),
+            10,
+            "the monitor to judge the wave",
+        )
         assert rolled.status is RolloutStatus.ROLLED_BACK and rolled.wave == 0
         assert "error rate" in rolled.reason
         models = served_by(queue, ids)
@@ -362,7 +363,8 @@ def test_shadow_traffic_reaches_the_candidate_at_its_fraction_stops_at_orange_an
     skipped_before = shadow_metric("skipped_level")
     more = submit_for(queue, ["b5"], per_branch=40)
     assert set(served_by(queue, more).values()) == {PRIMARY_MODEL}
-    time.sleep(0.3)
+    # Each offer is refused before its ticket's result is written, so none can start after this.
+    wait_until(lambda: running.worker.rollout.shadow._busy == 0, 10, "shadow calls started before to end")
     assert len(read_shadow(redis_client, keys, state.id)) == len(records), "no shadow call at orange"
     assert running.worker.rollout.shadow.skipped["level"] > 0
     assert shadow_metric("skipped_level") - skipped_before == running.worker.rollout.shadow.skipped["level"]
