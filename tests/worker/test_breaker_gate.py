@@ -160,7 +160,7 @@ def test_outcomes_are_counted_and_transitions_told_to_listeners(fake_clock: Fake
 
 
 def test_the_probe_is_taken_once_and_given_back(fake_clock: FakeClock) -> None:
-    gate, store = make_gate()
+    gate, _store = make_gate()
     assert gate.take_probe() and not gate.take_probe()
     gate.release_probe()
     assert gate.take_probe()
