@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import cast
 
@@ -25,12 +25,12 @@ import requests
 from redis import Redis
 
 from ops.lab.procs.ports import free_port
-from ops.lab.vllm_cpu.paths import REQUIRE_ENV, model_dir, vllm_available, vllm_required
+from ops.lab.vllm_cpu.paths import model_dir
 from ops.lab.vllm_cpu.server import VllmCpuServer
 from producer.producer import Producer
 from shared.models import TicketStatus
 from shared.queue import TicketQueue
-from tests.lab.vllm_cpu.conftest import WORKER_SKIP_MARK
+from tests.lab.vllm_cpu.conftest import BLOCK_TOKENS, KV_BLOCKS
 from tests.waiting import wait_until
 from tests.worker.conftest import RunningWorker, sim_metric
 from tests.worker.support import (
@@ -50,39 +50,12 @@ from worker.model_spec import ModelSpec, load_model_spec
 
 pytestmark = pytest.mark.timeout(300)  # the first test also waits for the server (22-55 s)
 
-BLOCK_TOKENS = 128
-"""vLLM-CPU's KV block size (it ignores --block-size)."""
-KV_BLOCKS = 16
-"""2,048 tokens: three long requests pass the 85% watermark, and one 1,024-token sequence still fits."""
-MAX_NUM_SEQS = 8
-MAX_MODEL_LEN = 1024
 REAL_VLLM_LEASE_SECONDS = 10.0
 """vLLM-CPU keeps both cores of a 2-core machine busy while it generates (its engine core polls),
 and a worker beside it was seen to go seconds without a turn: the tests' usual 2 s lease lapsed
 under a live worker. Renewals still come every second, so cancels take effect as fast."""
 SUCCESS_REASONS = ("length", "stop")
 """`vllm:request_success_total` reasons of answers that ran to the end (0.32 counts no aborts)."""
-
-
-@pytest.fixture(scope="module")
-def vllm_server() -> Iterator[VllmCpuServer]:
-    ok, reason = vllm_available()
-    if not ok:
-        if vllm_required():
-            pytest.fail(f"{REQUIRE_ENV}=1 but real vLLM cannot run: {reason}", pytrace=False)
-        pytest.skip(f"{WORKER_SKIP_MARK}: {reason}")
-    server = VllmCpuServer(
-        kv_cache_bytes=KV_BLOCKS * BLOCK_TOKENS * load_model_spec(model_dir()).kv_bytes_per_token,
-        max_num_seqs=MAX_NUM_SEQS,
-        max_model_len=MAX_MODEL_LEN,
-        scheduling_policy="priority",
-    )
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-        wait_until(lambda: not server.alive(), 10, "every vLLM process to exit")
 
 
 @pytest.fixture(scope="module")
