@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from shared import backoff
+
 log = logging.getLogger(__name__)
 
 STABLE_AFTER_SECONDS = 60.0
@@ -120,8 +122,9 @@ class Supervisor:
                 continue
             ran = now - child.started_at
             child.restarts = 0 if ran >= STABLE_AFTER_SECONDS else child.restarts + 1
-            delay = min(self.backoff_max_seconds, self.backoff_base_seconds * 2 ** max(child.restarts - 1, 0))
-            delay = 0.0 if child.restarts == 0 else delay
+            # No jitter: each child restarts alone, so there is no crowd to spread.
+            ceiling = backoff.ceiling(child.restarts, self.backoff_base_seconds, self.backoff_max_seconds)
+            delay = 0.0 if child.restarts == 0 else ceiling
             child.next_start = now + delay
             log.warning("%s exited with %d after %.1f s; restarting in %.1f s", child.name, code, ran, delay)
 

@@ -10,13 +10,13 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from redis import Redis
 
 from shared.keys import QueueKeys
 from tests.private_redis import private_redis
+from tests.waiting import wait_until
 
 DEMO = [sys.executable, "-c", "from tidegate.cli import main; main()", "demo"]
 
@@ -120,8 +120,8 @@ def test_ctrl_c_stops_everything_and_cleans_up(redis_url: str, tmp_path: Path) -
             if line.startswith("t="):  # the traffic is flowing
                 break
         assert queue, "the demo never named its queue"
-        time.sleep(2)
-        assert len(processes_of(queue)) >= 6  # 2 simulators, 2 workers, monitor (+ its rq worker), API
+        # 2 simulators, 2 workers, monitor (+ its rq worker), API
+        wait_until(lambda: len(processes_of(queue)) >= 6, 10, "every process of the demo")
         demo.send_signal(signal.SIGINT)
         rest, _ = demo.communicate(timeout=40)
     finally:
@@ -129,10 +129,7 @@ def test_ctrl_c_stops_everything_and_cleans_up(redis_url: str, tmp_path: Path) -
             demo.kill()
     assert demo.returncode == 130, rest[-3000:]
     assert "interrupted" in rest
-    deadline = time.monotonic() + 10
-    while processes_of(queue) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert processes_of(queue) == []
+    wait_until(lambda: processes_of(queue) == [], 10, "every process of the demo to exit", interval=0.1)
     assert queue_keys(Redis.from_url(redis_url), queue) == []
     assert list(Redis.from_url(redis_url).scan_iter(match=f"*{queue}*")) == []  # rq's too
 
