@@ -56,6 +56,8 @@ LEAN_FIELDS = (
     "prompt_digest",
     "created_at",
     "expires_at",
+    "first_seen_at",
+    "deadline",
 )
 """What a rejected record keeps: what its submitter and the books need, never the prompt. Every value
 stays short, so Redis keeps the record in its compact hash encoding; its words are looked up from
@@ -108,6 +110,9 @@ class EnqueueResult:
     """The stored ticket for new and rejected tickets; None for `existing` (read it with `get`)."""
     code: ShedCode | None = None
     """Why a rejected ticket was shed."""
+    retry_after: float | None = None
+    """Seconds the enqueue script's own estimate asks a shed ticket to wait (the deadline rule);
+    None when admission's estimate stands."""
 
 
 @dataclass(frozen=True)
@@ -181,6 +186,9 @@ class Submission:
         created = clock.now() if now is None else now
         type_policy = self.policy.type_policy(request.type)
         ttl = float(request.ttl_seconds or type_policy.ttl_seconds)
+        deadline = created + type_policy.slo_seconds
+        if request.deadline_ms is not None:
+            deadline = min(deadline, created + request.deadline_ms / 1000)
         return Ticket(
             id=new_ticket_id(),
             type=request.type,
@@ -203,6 +211,8 @@ class Submission:
             prompt_digest=request.prompt_digest,
             created_at=created,
             expires_at=created + ttl,
+            first_seen_at=created,
+            deadline=deadline,
             max_attempts=self.policy.queue.max_attempts,
             route=route,
             traceparent=tracing.current_traceparent(),
@@ -217,7 +227,8 @@ class Submission:
         ticket = self.build_ticket(request, now=now, route=options.route)
         shed = options.shed
         pairs = [(name, stored_value(name, getattr(ticket, name))) for name in COLUMNS]
-        lean = sum(1 for name, value in pairs[: len(LEAN_FIELDS)] if value)
+        pairs[len(LEAN_FIELDS) : len(LEAN_FIELDS)] = self._deadline_rule(ticket.type)
+        lean = sum(1 for name, value in pairs[: len(LEAN_FIELDS) + 2] if value)
         fields = [item for pair in pairs if pair[1] for item in pair]
         values = [
             ticket.id,
@@ -237,6 +248,15 @@ class Submission:
         ]
         return _Draft(ticket, options, values)
 
+    def _deadline_rule(self, ticket_type: str) -> list[tuple[str, str]]:
+        """The two fields the enqueue script's deadline rule reads (shared/lua/lib/deadline.lua):
+        the type's SLO, to count it from a retry's first sighting, and whether the type is exempt."""
+        type_policy = self.policy.type_policy(ticket_type)
+        return [
+            ("slo_seconds", repr(type_policy.slo_seconds)),
+            ("admit_late", "1" if type_policy.critical else ""),
+        ]
+
     @cached_property
     def _header(self) -> tuple[list[str], list[Any]]:
         """The KEYS and leading ARGV every call shares, but the minute's shed counts (KEYS[8])."""
@@ -252,6 +272,7 @@ class Submission:
             "",
             *[self.keys.waiting(t) for t in types],
             *[self.keys.branch_depth(t) for t in types],
+            self.keys.monitor_state,
         ]
         queue = self.policy.queue
         args: list[Any] = [
@@ -286,13 +307,19 @@ class Submission:
             return EnqueueResult("existing", ticket_id)
         if outcome == "rejected":  # what the script stored: the lean record, its code and words
             code = ShedCode.parse(raw[2])
-            words = raw[3] or self.shed_words(code, ticket.type)  # the fair-share rule leaves them to us
+            retry_after = options.retry_after
+            estimated: float | None = None
+            if code is ShedCode.DEADLINE_UNREACHABLE:  # the script's estimate comes in the words' place
+                estimated = retry_after = float(raw[3])
+                words = self.shed_words(code, ticket.type)
+            else:
+                words = raw[3] or self.shed_words(code, ticket.type)  # the fair-share rule leaves them
             update = {
                 "id": ticket_id,
                 "status": TicketStatus.REJECTED,
                 "error": words,
                 "shed_code": code.value,
-                "retry_after": options.retry_after,
+                "retry_after": retry_after,
                 "finished_at": ticket.created_at,
                 "prompt_tokens_estimate": 0,
                 "urgent_level": 0,
@@ -301,7 +328,8 @@ class Submission:
                 "prompt": None,
                 "messages": None,
             }
-            return EnqueueResult("rejected", ticket_id, ticket.model_copy(update=update), code)
+            stored = ticket.model_copy(update=update)
+            return EnqueueResult("rejected", ticket_id, stored, code, estimated)
         queued = ticket if ticket_id == ticket.id else ticket.model_copy(update={"id": ticket_id})
         return EnqueueResult("queued", ticket_id, queued)
 
