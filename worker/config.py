@@ -41,6 +41,9 @@ class WorkerConfig:
     """Times one ticket may be put back; after that it runs to the end."""
     prefill_guard_tokens: int = 8192
     """Most prompt tokens of non-critical tickets in prefill at once; 0 = no bound."""
+    deadline_service_seconds: float = 0.25
+    """The least time an answer takes: a claimed ticket due sooner is ended, not started
+    (worker/deadlines.py)."""
     lease_seconds: float = 30.0
     grace_seconds: float = 30.0
     burst: bool = False
@@ -65,6 +68,7 @@ class WorkerConfig:
             "max_preemptions": (self.max_preemptions >= 0, "0 or more"),
             "preemption_patience": (0 <= self.preemption_patience < 1, "0 ≤ share < 1"),
             "prefill_guard_tokens": (self.prefill_guard_tokens >= 0, "0 or more (0 = no bound)"),
+            "deadline_service_seconds": (self.deadline_service_seconds >= 0, "0 or more"),
             "lease_seconds": (self.lease_seconds > 0, "more than 0"),
             "grace_seconds": (self.grace_seconds >= 0, "0 or more"),
             "heartbeat_seconds": (self.heartbeat_seconds > 0, "more than 0"),
