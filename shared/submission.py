@@ -56,8 +56,6 @@ LEAN_FIELDS = (
     "prompt_digest",
     "created_at",
     "expires_at",
-    "first_seen_at",
-    "deadline",
 )
 """What a rejected record keeps: what its submitter and the books need, never the prompt. Every value
 stays short, so Redis keeps the record in its compact hash encoding; its words are looked up from
@@ -227,8 +225,8 @@ class Submission:
         ticket = self.build_ticket(request, now=now, route=options.route)
         shed = options.shed
         pairs = [(name, stored_value(name, getattr(ticket, name))) for name in COLUMNS]
-        pairs[len(LEAN_FIELDS) : len(LEAN_FIELDS)] = self._deadline_rule(ticket.type)
-        lean = sum(1 for name, value in pairs[: len(LEAN_FIELDS) + 2] if value)
+        pairs[len(LEAN_FIELDS) : len(LEAN_FIELDS)] = self._deadline_rule(ticket)
+        lean = sum(1 for name, value in pairs[: len(LEAN_FIELDS)] if value)
         fields = [item for pair in pairs if pair[1] for item in pair]
         values = [
             ticket.id,
@@ -248,11 +246,13 @@ class Submission:
         ]
         return _Draft(ticket, options, values)
 
-    def _deadline_rule(self, ticket_type: str) -> list[tuple[str, str]]:
-        """The two fields the enqueue script's deadline rule reads (shared/lua/lib/deadline.lua):
-        the type's SLO, to count it from a retry's first sighting, and whether the type is exempt."""
-        type_policy = self.policy.type_policy(ticket_type)
+    def _deadline_rule(self, ticket: Ticket) -> list[tuple[str, str]]:
+        """What the enqueue script's deadline rule reads (shared/lua/lib/deadline.lua): the deadline,
+        the type's SLO (to count it from a retry's first sighting) and whether the type is exempt.
+        Not part of a rejected record (the script writes its first sighting there when it matters)."""
+        type_policy = self.policy.type_policy(ticket.type)
         return [
+            ("deadline", repr(ticket.deadline)),
             ("slo_seconds", repr(type_policy.slo_seconds)),
             ("admit_late", "1" if type_policy.critical else ""),
         ]

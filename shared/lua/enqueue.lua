@@ -140,21 +140,21 @@ for i = 1, #starts do
       code, words = fair_share_verdict(waiting[ticket_type], held, branches, caps[ticket_type],
         cap_words[ticket_type])
     end
-    local deadline = carried_deadline(fields_at, lean_end, first_seen)
+    local deadline = carried_deadline(fields_at, fields_end, first_seen)
     if code == '' then
       local late = deadline_refusal(KEYS[1], monitor_key, score, tonumber(created), deadline,
-        pair_value(fields_at, lean_end, 'admit_late') == '1')
+        pair_value(fields_at, fields_end, 'admit_late') == '1')
       if late then
         retry_after = string.format('%.1f', late)
         code, words = 'deadline_unreachable', retry_after
       end
     end
-    local timing = {'first_seen_at', string.format('%.17g', first_seen)}
-    if deadline then timing[3], timing[4] = 'deadline', string.format('%.17g', deadline) end
     if code ~= '' then
       redis.call('HSET', ticket_key, 'id', id, 'status', 'rejected', 'shed_code', code,
         'retry_after', retry_after, unpack(ARGV, fields_at, lean_end))
-      redis.call('HSET', ticket_key, unpack(timing))
+      if first_seen < tonumber(created) then  -- lean: only a retry's record needs its first sighting
+        redis.call('HSET', ticket_key, 'first_seen_at', string.format('%.17g', first_seen))
+      end
       redis.call('EXPIRE', ticket_key, ARGV[3])
       if idem_key then redis.call('SET', idem_key, id, 'EX', ARGV[3]) end
       bump(rejected, ticket_type)
@@ -167,7 +167,8 @@ for i = 1, #starts do
       end
       redis.call('HSET', ticket_key, 'id', id, 'status', 'queued', 'score', score,
         unpack(ARGV, fields_at, fields_end))
-      redis.call('HSET', ticket_key, unpack(timing))
+      redis.call('HSET', ticket_key, 'first_seen_at', string.format('%.17g', first_seen))
+      if deadline then redis.call('HSET', ticket_key, 'deadline', string.format('%.17g', deadline)) end
       if deferred then
         redis.call('ZADD', KEYS[5], ARGV[at + 7], id)
       else

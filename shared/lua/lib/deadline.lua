@@ -24,7 +24,8 @@ end
 -- The first sighting of a request whose earlier try was shed (its record `old_key`), read before
 -- the record is replaced: the new try's deadline still counts from it.
 local function first_sighting(old_key)
-  return tonumber(redis.call('HGET', old_key, 'first_seen_at') or '')
+  local seen = redis.call('HMGET', old_key, 'first_seen_at', 'created_at')
+  return tonumber(seen[1] or '') or tonumber(seen[2] or '')
 end
 
 -- The deadline of a ticket (fields from ARGV[first..last]) first seen at `first_seen`: the type's

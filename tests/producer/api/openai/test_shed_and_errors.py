@@ -196,4 +196,4 @@ def test_a_call_that_cannot_start_in_time_gets_the_degraded_answer(
     assert raw.headers["x-tidegate-shed"] == "deadline_unreachable"
     assert int(raw.headers["retry-after"]) >= 20  # the 30 s wait past the 5 s the caller allowed
     ticket = gateway.queue.get(raw.headers["x-tidegate-ticket-id"])
-    assert ticket is not None and ticket.status.value == "rejected" and ticket.deadline is not None
+    assert ticket is not None and ticket.status.value == "rejected"
