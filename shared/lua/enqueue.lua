@@ -13,7 +13,7 @@ batch order, so a later ticket sees the earlier ones (its fair share, its turn, 
 
 KEYS[1] pending zset            {q}:pending
 KEYS[2] deadlines zset          {q}:deadlines
-KEYS[3] counts hash             {q}:counts
+KEYS[3] counts hash             {q}:counts   ("<type>:submitted", ":rejected", ":shed:<code>")
 KEYS[4] wake list               {q}:wake
 KEYS[5] delayed zset            {q}:delayed
 KEYS[6] ticket hash prefix      {q}:t:      (ids are the caller's; the prefix carries the queue's
@@ -187,7 +187,12 @@ end
 for name, n in pairs(submitted) do redis.call('HINCRBY', KEYS[3], name .. ':submitted', n) end
 for name, n in pairs(rejected) do redis.call('HINCRBY', KEYS[3], name .. ':rejected', n) end
 if next(shed) then
-  for name, n in pairs(shed) do redis.call('HINCRBY', KEYS[8], name, n) end
+  for name, n in pairs(shed) do
+    redis.call('HINCRBY', KEYS[8], name, n)
+    -- For good too, per type and code (shared/class_counts.py): "<type>:shed:<code>".
+    local ticket_type, code = string.match(name, '^(.*):([^:]*)$')
+    redis.call('HINCRBY', KEYS[3], ticket_type .. ':shed:' .. code, n)
+  end
   redis.call('EXPIRE', KEYS[8], ARGV[3])
 end
 if queued > 0 then wake_workers(KEYS[4], queued, tonumber(ARGV[4])) end

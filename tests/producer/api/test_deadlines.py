@@ -63,3 +63,17 @@ def test_a_complaint_that_cannot_start_in_time_is_refused_at_once(
     assert "past its deadline" in shed.json()["error"]["message"]
     loan = branch.post(api.url("/v1/tickets"), json={"type": "loan_approval", "prompt": "Approve?"})
     assert loan.status_code == 202
+
+
+def test_a_started_ticket_says_how_long_it_was_queued(
+    api: Api, branch: requests.Session, redis_client: Redis, policy: Policy
+) -> None:
+    accepted = branch.post(api.url("/v1/tickets"), json=COMPLAINT).json()
+    queued = branch.get(api.url(f"/v1/tickets/{accepted['id']}"))
+    assert "X-Tidegate-Queue-Ms" not in queued.headers  # not started yet
+    queue = TicketQueue(redis_client, policy, api.settings.queue_name)
+    started = queue.claim("w1", 1)[0].ticket
+    answer = branch.get(api.url(f"/v1/tickets/{accepted['id']}"))
+    assert started.queue_wait_seconds is not None
+    assert int(answer.headers["X-Tidegate-Queue-Ms"]) == round(started.queue_wait_seconds * 1000)
+    assert answer.json()["timings"]["queue_wait_seconds"] == pytest.approx(started.queue_wait_seconds)

@@ -8,12 +8,16 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from prometheus_client import generate_latest
 from pydantic import ValidationError
 from redis import Redis
 
 from producer.producer import Producer
+from producer.status import operator_status
 from shared import clock
+from shared.metrics import build_registry
 from shared.models import TicketRequest, TicketStatus
+from shared.policy import Policy
 from shared.queue import TicketQueue
 from shared.shed import ShedCode
 from tests.monitor.support import FakeClock
@@ -100,3 +104,29 @@ def test_a_retry_counts_the_slo_from_the_first_submission(
     stored = queue.get(retry.ticket_id)
     assert stored is not None and stored.first_seen_at == pytest.approx(first_at)
     assert stored.deadline == pytest.approx(first_at + 10)
+
+
+def test_refused_early_and_expired_before_start_are_counted_per_class(
+    producer: Producer, redis_client: Redis, fake_clock: FakeClock, policy: Policy
+) -> None:
+    queue = producer.queue
+    queue.enqueue_many([req("complaint") for _ in range(40)])
+    publish_drain(redis_client, queue, 2.0, fake_clock.at)
+    producer.submit(req("complaint"))
+    producer.submit(req("complaint"))
+    claimed = queue.claim("w1", 1)[0]
+    assert queue.finish(claimed.ticket.id, claimed.token, "expired", error="deadline_passed: test")
+    status = operator_status(redis_client, policy, queue.keys.queue)
+    assert status["by_class"]["complaint"] == {
+        "refused": {"deadline_unreachable": 2},
+        "expired_before_start": 1,
+    }
+    assert status["by_class"]["loan_approval"] == {"refused": {}, "expired_before_start": 0}
+    exposition = generate_latest(build_registry(redis_client, policy, queue.keys.queue)).decode()
+    assert 'tidegate_tickets_shed_total{code="deadline_unreachable",queue=' in exposition
+    expired = [
+        line
+        for line in exposition.splitlines()
+        if line.startswith("tidegate_tickets_expired_before_start_total") and 'type="complaint"' in line
+    ]
+    assert len(expired) == 1 and expired[0].endswith(" 1.0")
