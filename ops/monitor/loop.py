@@ -256,6 +256,7 @@ class Monitor:
         kv_free = sample.kv_free_min
         figures = {
             "drain_rate": round(sample.drain_rate, 4),
+            "service_rate": round(sample.service_rate, 4),
             "arrival_rate": round(sample.arrival_rate, 4),
             "desired_workers": desired,
             "kv_free_min": "" if kv_free is None else round(kv_free, 4),

@@ -16,6 +16,9 @@ from shared.queue import QueueStats, TicketQueue
 
 DRAIN_OUTCOMES = ("done", "failed", "expired", "cancelled")
 """Outcomes that take a ticket out of the system; their growth is the drain rate."""
+SERVED_OUTCOMES = ("done", "failed")
+"""Outcomes of tickets a worker ran; their growth is the service rate the deadline rule divides by
+(tickets that expire or are cancelled leave fast without GPU time, so they would flatter it)."""
 
 
 class RateWindow:
@@ -45,6 +48,8 @@ class Sample:
     stats: QueueStats
     drain_rate: float
     """Tickets per second that reached done, failed, expired or cancelled."""
+    service_rate: float
+    """Tickets per second that workers ran to done or failed."""
     arrival_rate: float
     """Tickets per second admitted into the queue (submitted minus rejected)."""
     workers: list[WorkerView] = field(default_factory=list)
@@ -72,6 +77,7 @@ class Sampler:
     def __init__(self, queue: TicketQueue, window_seconds: float = 30.0) -> None:
         self.queue = queue
         self._drained = RateWindow(window_seconds)
+        self._served = RateWindow(window_seconds)
         self._arrived = RateWindow(window_seconds)
 
     def sample(self, now: float | None = None) -> Sample:
@@ -83,6 +89,7 @@ class Sampler:
             at=at,
             stats=stats,
             drain_rate=self._drained.add(at, _total(stats, DRAIN_OUTCOMES)),
+            service_rate=self._served.add(at, _total(stats, SERVED_OUTCOMES)),
             arrival_rate=self._arrived.add(at, admitted),
             workers=workers,
         )

@@ -22,7 +22,7 @@ KEYS[7] idempotency prefix      {q}:idem:   (+ "<branch>:<key>")
 KEYS[8] shed counts of the minute {q}:sheds:<minute>  ("<type>:<code>" → count; lives ARGV[3])
 KEYS[9..8+n] waiting zset of each type, in the order of the type names below
 KEYS[9+n..8+2n] branch depth hash of each type, same order
-KEYS[9+2n] monitor state hash   {q}:monitor  (its drain rate, for the deadline rule)
+KEYS[9+2n] monitor state hash   {q}:monitor  (its service rate, for the deadline rule)
 
 ARGV[1] created_at of every ticket of the batch (Unix seconds)
 ARGV[2] seconds an accepted ticket's idempotency key lives (its longest retention)

@@ -77,7 +77,7 @@ def test_orange_admits_archive_queries_while_their_deadline_can_be_met(
     loan = submit(producer, "loan_approval", max_tokens=100)
     assert complaint.outcome == "queued" and loan.outcome == "queued"
     # Draining half a ticket a second, the tickets ahead would hold a new one past its 60 s SLO.
-    redis_client.hset(monitor.keys.monitor_state, mapping={"drain_rate": 0.5, "updated_at": fake_clock.at})
+    redis_client.hset(monitor.keys.monitor_state, mapping={"service_rate": 0.5, "updated_at": fake_clock.at})
     late = submit(producer, "archive_query")
     assert late.outcome == "rejected" and late.code is ShedCode.DEADLINE_UNREACHABLE
     assert late.retry_after is not None and late.retry_after > 1

@@ -4,7 +4,8 @@ start before its deadline is refused at once (code deadline_unreachable) instead
 answered when nobody needs the answer. They take keys as arguments; they build no keys.
 
 The wait is estimated as (queued tickets whose score is at most this one's, so of equal or better
-priority after aging and turns) ÷ (tickets per second leaving the queue, the monitor's drain rate).
+priority after aging and turns) ÷ (tickets per second workers run to the end, the monitor's
+service rate: tickets that expire unstarted leave fast and would flatter a drain rate).
 Counting by score is exact and O(log n) on the pending set, with no running sums to keep right in
 every script that moves a ticket. With no fresh measurement (no monitor, or none drained yet) a
 ticket is admitted: the rule refuses only on evidence.
@@ -40,9 +41,9 @@ local function carried_deadline(first, last, first_seen)
   return deadline
 end
 
--- Seconds until a ticket scored `score` would start, or nil when no fresh drain rate is known.
+-- Seconds until a ticket scored `score` would start, or nil when no fresh service rate is known.
 local function start_estimate(pending_key, monitor_key, score, now)
-  local m = redis.call('HMGET', monitor_key, 'drain_rate', 'updated_at')
+  local m = redis.call('HMGET', monitor_key, 'service_rate', 'updated_at')
   local rate, at = tonumber(m[1] or ''), tonumber(m[2] or '')
   if not rate or rate <= 0 or not at or now - at > DRAIN_STALE_SECONDS then return nil end
   return redis.call('ZCOUNT', pending_key, '-inf', score) / rate

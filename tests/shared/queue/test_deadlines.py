@@ -36,7 +36,7 @@ def req(ticket_type: str, **kw: Any) -> TicketRequest:
 
 
 def publish_drain(redis: Redis, queue: TicketQueue, rate: float, at: float) -> None:
-    redis.hset(queue.keys.monitor_state, mapping={"drain_rate": rate, "updated_at": at})
+    redis.hset(queue.keys.monitor_state, mapping={"service_rate": rate, "updated_at": at})
 
 
 def test_the_deadline_is_the_slo_or_the_callers_sooner_one(
