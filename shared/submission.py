@@ -248,14 +248,21 @@ class Submission:
 
     def _deadline_rule(self, ticket: Ticket) -> list[tuple[str, str]]:
         """What the enqueue script's deadline rule reads (shared/lua/lib/deadline.lua): the deadline,
-        the type's SLO (to count it from a retry's first sighting) and whether the type is exempt.
+        the type's SLO (to count it from a retry's first sighting), whether the type is exempt, and
+        the types served ahead of it (their arrivals are taken off the service rate).
         Not part of a rejected record (the script writes its first sighting there when it matters)."""
         type_policy = self.policy.type_policy(ticket.type)
         return [
             ("deadline", repr(ticket.deadline)),
             ("slo_seconds", repr(type_policy.slo_seconds)),
             ("admit_late", "1" if type_policy.critical else ""),
+            ("ahead_types", self._ahead_types(ticket.type)),
         ]
+
+    def _ahead_types(self, ticket_type: str) -> str:
+        """The types whose base priority is better than this one's, comma-separated."""
+        base = self.policy.type_policy(ticket_type).base
+        return ",".join(name for name, tp in self.policy.types.items() if tp.base < base)
 
     @cached_property
     def _header(self) -> tuple[list[str], list[Any]]:

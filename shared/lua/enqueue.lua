@@ -43,8 +43,8 @@ others out of a type. Turns: while several branches wait, a new ticket is scored
 type's equal-priority ticket at its round-robin place (lib/tickets.lua `turn_score`), so branches
 of equal priority are served in turn instead of a flood first.
 
-Deadlines (lib/deadline.lua): a ticket's fields carry its `deadline`, its type's `slo_seconds`
-and `admit_late` ("1": never refused by this rule). A retry under the idempotency key of a shed
+Deadlines (lib/deadline.lua): a ticket's fields carry its `deadline`, its type's `slo_seconds`,
+`admit_late` ("1": never refused by this rule) and `ahead_types` (the types served before it). A retry under the idempotency key of a shed
 try keeps that try's `first_seen_at`, so the SLO counts from the first submission. A ticket that
 would pass every other rule but cannot start before its deadline is recorded rejected with code
 deadline_unreachable and a Retry-After from the estimate.
@@ -143,7 +143,7 @@ for i = 1, #starts do
     local deadline = carried_deadline(fields_at, fields_end, first_seen)
     if code == '' then
       local late = deadline_refusal(KEYS[1], monitor_key, score, tonumber(created), deadline,
-        pair_value(fields_at, fields_end, 'admit_late') == '1')
+        pair_value(fields_at, fields_end, 'admit_late') == '1', pair_value(fields_at, fields_end, 'ahead_types'))
       if late then
         retry_after = string.format('%.1f', late)
         code, words = 'deadline_unreachable', retry_after

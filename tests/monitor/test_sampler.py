@@ -49,6 +49,12 @@ def test_sampler_reads_depth_rates_and_live_workers(
     assert second.depth == 10
     assert second.drain_rate == pytest.approx(5.0)  # 6 cancelled, 2 done, 2 expired in 2 s
     assert second.service_rate == pytest.approx(1.0)  # only the 2 answered
+    assert second.service_peak == pytest.approx(1.0)
+    assert second.arrival_rate_by_type == pytest.approx(
+        {"loan_approval": 0, "complaint": 10.0, "archive_query": 0}
+    )
+    fake_clock.advance(20.0)
+    assert sampler.sample().service_peak == pytest.approx(1.0)  # the rate fell; the peak holds
     assert second.arrival_rate == pytest.approx(10.0)  # 20 admitted in 2 s
     assert [w.worker_id for w in second.workers] == ["alive"]
     assert second.kv_free_min == pytest.approx(0.3)

@@ -130,3 +130,28 @@ def test_refused_early_and_expired_before_start_are_counted_per_class(
         if line.startswith("tidegate_tickets_expired_before_start_total") and 'type="complaint"' in line
     ]
     assert len(expired) == 1 and expired[0].endswith(" 1.0")
+
+
+def test_arrivals_of_better_types_are_taken_off_the_service_rate(
+    producer: Producer, redis_client: Redis, fake_clock: FakeClock
+) -> None:
+    queue = producer.queue
+    queue.enqueue_many([req("complaint") for _ in range(5)])
+    redis_client.hset(
+        queue.keys.monitor_state,
+        mapping={
+            "service_rate": 4.0,
+            "service_peak": 10.0,  # what the workers did at their best lately: the rate used
+            "arrival_rate:loan_approval": 3.0,
+            "arrival_rate:complaint": 7.0,
+            "updated_at": fake_clock.at,
+        },
+    )
+    # A complaint waits behind 5 at 10 - 3 (loans) per second; an archive query never starts while
+    # loans and complaints keep arriving as fast as the workers serve them.
+    assert producer.submit(req("complaint")).outcome == "queued"
+    archive = producer.submit(req("archive_query"))
+    assert (archive.outcome, archive.code) == ("rejected", ShedCode.DEADLINE_UNREACHABLE)
+    assert archive.retry_after == 60  # the longest Retry-After
+    redis_client.hset(queue.keys.monitor_state, "arrival_rate:complaint", 2.0)  # 5 left: 6 ahead, 1.2 s
+    assert producer.submit(req("archive_query")).outcome == "queued"
