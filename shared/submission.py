@@ -28,6 +28,7 @@ from redis.asyncio import Redis as AsyncRedis
 from redis.exceptions import NoScriptError, ResponseError
 
 from shared import clock, tracing
+from shared.deadlines import deadline_rule_fields, ticket_deadline
 from shared.ids import new_ticket_id
 from shared.keys import WAKE_LIST_CAP, QueueKeys
 from shared.models import Ticket, TicketRequest, TicketStatus
@@ -184,9 +185,7 @@ class Submission:
         created = clock.now() if now is None else now
         type_policy = self.policy.type_policy(request.type)
         ttl = float(request.ttl_seconds or type_policy.ttl_seconds)
-        deadline = created + type_policy.slo_seconds
-        if request.deadline_ms is not None:
-            deadline = min(deadline, created + request.deadline_ms / 1000)
+        deadline = ticket_deadline(type_policy, created, request.deadline_ms)
         return Ticket(
             id=new_ticket_id(),
             type=request.type,
@@ -225,7 +224,10 @@ class Submission:
         ticket = self.build_ticket(request, now=now, route=options.route)
         shed = options.shed
         pairs = [(name, stored_value(name, getattr(ticket, name))) for name in COLUMNS]
-        pairs[len(LEAN_FIELDS) : len(LEAN_FIELDS)] = self._deadline_rule(ticket)
+        assert ticket.deadline is not None  # build_ticket gives every ticket one
+        pairs[len(LEAN_FIELDS) : len(LEAN_FIELDS)] = deadline_rule_fields(
+            self.policy, ticket.type, ticket.deadline
+        )
         lean = sum(1 for name, value in pairs[: len(LEAN_FIELDS)] if value)
         fields = [item for pair in pairs if pair[1] for item in pair]
         values = [
@@ -245,24 +247,6 @@ class Submission:
             *fields,
         ]
         return _Draft(ticket, options, values)
-
-    def _deadline_rule(self, ticket: Ticket) -> list[tuple[str, str]]:
-        """What the enqueue script's deadline rule reads (shared/lua/lib/deadline.lua): the deadline,
-        the type's SLO (to count it from a retry's first sighting), whether the type is exempt, and
-        the types served ahead of it (their arrivals are taken off the service rate).
-        Not part of a rejected record (the script writes its first sighting there when it matters)."""
-        type_policy = self.policy.type_policy(ticket.type)
-        return [
-            ("deadline", repr(ticket.deadline)),
-            ("slo_seconds", repr(type_policy.slo_seconds)),
-            ("admit_late", "1" if type_policy.critical else ""),
-            ("ahead_types", self._ahead_types(ticket.type)),
-        ]
-
-    def _ahead_types(self, ticket_type: str) -> str:
-        """The types whose base priority is better than this one's, comma-separated."""
-        base = self.policy.type_policy(ticket_type).base
-        return ",".join(name for name, tp in self.policy.types.items() if tp.base < base)
 
     @cached_property
     def _header(self) -> tuple[list[str], list[Any]]:
