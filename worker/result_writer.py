@@ -13,8 +13,7 @@ import logging
 from shared import clock
 from shared.logs import ticket_fields
 from shared.models import TicketStatus
-from shared.queue import TicketQueue
-from shared.queue import ClaimedTicket
+from shared.queue import ClaimedTicket, TicketQueue
 from worker import telemetry
 from worker.inflight import AbortReason, RunningTicket
 from worker.queue_set import Queues, QueueSet
