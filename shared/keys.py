@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+KNOWN_QUEUES = "tidegate:known-queues"
+"""SET of the queue names workers have served: how an operator's `GET /v1/queues` finds every
+queue. The one key outside a queue's hash tag (a single-key set, legal on a Cluster)."""
+
 WAKE_LIST_CAP = 64
 """Most wake-up markers a queue's wake list holds: enough to wake every idle worker."""
 
