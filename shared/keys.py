@@ -57,6 +57,17 @@ class QueueKeys:
         the number of branches waiting for that type."""
         return self._key(f"branch-depth:{ticket_type}")
 
+    def branch_queue(self, ticket_type: str, branch: str) -> str:
+        """ZSET id → score of one branch's pending tickets of one type, in queue order: where the
+        claim finds the branch's next ticket (docs/fairness.md). Spelled in Lua as the branch depth
+        key plus `:<branch>` (lib/tickets.lua `branch_queue_key`), so it needs no KEYS of its own."""
+        return f"{self.branch_depth(ticket_type)}:{branch}"
+
+    def branch_service(self, ticket_type: str) -> str:
+        """HASH branch → weighted tokens its claimed tickets of one type cost (the virtual token
+        counter); the claim serves the waiting branch with the least first."""
+        return self._key(f"branch-service:{ticket_type}")
+
     @property
     def ticket_prefix(self) -> str:
         """Prefix of ticket hashes; claim and reap scripts append ids they pop (same hash tag)."""

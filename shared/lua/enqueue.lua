@@ -22,6 +22,7 @@ KEYS[7] idempotency prefix      {q}:idem:   (+ "<branch>:<key>")
 KEYS[8] shed counts of the minute {q}:sheds:<minute>  ("<type>:<code>" → count; lives ARGV[3])
 KEYS[9..8+n] waiting zset of each type, in the order of the type names below
 KEYS[9+n..8+2n] branch depth hash of each type, same order
+KEYS[9+2n..8+3n] branch service hash of each type, same order (lib/fairness.lua)
 
 ARGV[1] created_at of every ticket of the batch (Unix seconds)
 ARGV[2] seconds an accepted ticket's idempotency key lives (its longest retention)
@@ -40,17 +41,21 @@ branches) of them is refused (code branch_share_exceeded, words left to the call
 its share is admitted even past the cap, up to twice the cap, so one branch's flood cannot lock the
 others out of a type. Turns: while several branches wait, a new ticket is scored just behind the
 type's equal-priority ticket at its round-robin place (lib/tickets.lua `turn_score`), so branches
-of equal priority are served in turn instead of a flood first.
+of equal priority are served in turn instead of a flood first. A queued ticket is also indexed
+under its branch, and a branch that starts waiting has its service lifted (lib/fairness.lua), for
+the claim's token-weighted choice between branches.
 
 Returns one flat list, four values per ticket in batch order: "queued", id, "", "" |
 "existing", id of the earlier ticket, "", "" | "rejected", id, code, words.
 ]]
 -- @include tickets
+-- @include fairness
 
 local created = ARGV[1]
 local ntypes = tonumber(ARGV[5])
 local waiting = waiting_keys(9, 6, ntypes)
 local depths = waiting_keys(9 + ntypes, 6, ntypes)
+local services = waiting_keys(9 + 2 * ntypes, 6, ntypes)
 local caps, cap_words = {}, {}
 for i = 0, ntypes - 1 do
   caps[ARGV[6 + i]] = tonumber(ARGV[6 + ntypes + i])
@@ -147,7 +152,9 @@ for i = 1, #starts do
         redis.call('ZADD', KEYS[5], ARGV[at + 7], id)
       else
         redis.call('ZADD', KEYS[1], score, id)
+        index_pending(depths[ticket_type], branch, id, score)
       end
+      if held == 0 then lift_service(services[ticket_type], depths[ticket_type], branch) end
       redis.call('ZADD', KEYS[2], ARGV[at + 5], id)
       redis.call('ZADD', waiting[ticket_type], created, id)
       count_branch(depths[ticket_type], branch, 1)

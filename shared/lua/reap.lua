@@ -84,7 +84,7 @@ for _, id in ipairs(stale) do
   end
 end
 
-promoted = promote_due(KEYS[4], KEYS[3], prefix, now, limit)
+promoted = #promote_due(KEYS[4], KEYS[3], prefix, now, limit)
 
 if requeued + promoted > 0 then
   wake_workers(KEYS[8], requeued + promoted, tonumber(ARGV[7 + tonumber(ARGV[6])]))

@@ -92,15 +92,15 @@ local function finish_ticket(ticket_key, id, ticket_type, status, now, retention
 end
 
 -- Move retries whose backoff is over from the delayed set back to the pending set at their score.
--- `prefix` is the ticket-hash prefix the caller got in its KEYS. Returns how many moved.
+-- `prefix` is the ticket-hash prefix the caller got in its KEYS. Returns the ids moved.
 local function promote_due(delayed_key, pending_key, prefix, now, limit)
-  local promoted = 0
+  local promoted = {}
   for _, id in ipairs(redis.call('ZRANGEBYSCORE', delayed_key, '-inf', now, 'LIMIT', 0, limit)) do
     redis.call('ZREM', delayed_key, id)
     local score = redis.call('HGET', prefix .. id, 'score')
     if score then
       redis.call('ZADD', pending_key, score, id)
-      promoted = promoted + 1
+      promoted[#promoted + 1] = id
     end
   end
   return promoted
