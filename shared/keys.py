@@ -64,8 +64,8 @@ class QueueKeys:
         return f"{self.branch_depth(ticket_type)}:{branch}"
 
     def branch_service(self, ticket_type: str) -> str:
-        """HASH branch → weighted tokens its claimed tickets of one type cost (the virtual token
-        counter); the claim serves the waiting branch with the least first."""
+        """ZSET branch → weighted tokens its claimed tickets of one type cost (the virtual token
+        counter), for the branches waiting; the claim serves the one with the least first."""
         return self._key(f"branch-service:{ticket_type}")
 
     @property

@@ -24,7 +24,7 @@ KEYS[8] ticket hash prefix      {q}:t:   (ids are unknown until popped; the pref
                                           queue's hash tag, so every key stays on one slot)
 KEYS[9..8+n] waiting zset of each type, in the order of ARGV[9..]
 KEYS[9+n..8+2n] branch depth hash of each type, same order
-KEYS[9+2n..8+3n] branch service hash of each type, same order
+KEYS[9+2n..8+3n] branch service zset of each type, same order
 
 ARGV[1] now (Unix seconds)
 ARGV[2] most tickets to claim

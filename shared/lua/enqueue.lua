@@ -22,7 +22,7 @@ KEYS[7] idempotency prefix      {q}:idem:   (+ "<branch>:<key>")
 KEYS[8] shed counts of the minute {q}:sheds:<minute>  ("<type>:<code>" → count; lives ARGV[3])
 KEYS[9..8+n] waiting zset of each type, in the order of the type names below
 KEYS[9+n..8+2n] branch depth hash of each type, same order
-KEYS[9+2n..8+3n] branch service hash of each type, same order (lib/fairness.lua)
+KEYS[9+2n..8+3n] branch service zset of each type, same order (lib/fairness.lua)
 
 ARGV[1] created_at of every ticket of the batch (Unix seconds)
 ARGV[2] seconds an accepted ticket's idempotency key lives (its longest retention)
@@ -154,7 +154,7 @@ for i = 1, #starts do
         redis.call('ZADD', KEYS[1], score, id)
         index_pending(depths[ticket_type], branch, id, score)
       end
-      if held == 0 then lift_service(services[ticket_type], depths[ticket_type], branch) end
+      if held == 0 then lift_service(services[ticket_type], branch) end
       redis.call('ZADD', KEYS[2], ARGV[at + 5], id)
       redis.call('ZADD', waiting[ticket_type], created, id)
       count_branch(depths[ticket_type], branch, 1)

@@ -4,8 +4,8 @@ Large Language Models", OSDI'24), included by `-- @include fairness` into enqueu
 
 Per type: the branch depth hash (`depth_key`) names the waiting branches; each branch's pending
 tickets of the type sit in the zset `depth_key .. ':' .. branch` by their queue score
-(QueueKeys.branch_queue); the service hash (QueueKeys.branch_service) holds each branch's weighted
-tokens claimed so far. The claim takes, within the band of the queue's head (its type and
+(QueueKeys.branch_queue); the service zset (QueueKeys.branch_service) holds each waiting branch's
+weighted tokens claimed so far, so the least served is read in O(log n). The claim takes, within the band of the queue's head (its type and
 priority), the first ticket of the waiting branch with the least service. A branch that starts
 waiting is lifted to the least service of those already waiting, so time spent idle is not saved
 up against them. Stale index entries (cancelled, expired tickets) are dropped when met.
@@ -29,17 +29,14 @@ local function unindex_pending(depth_key, branch, id)
 end
 
 -- A branch about to wait for a type (none of its tickets is queued): lift its service to the
--- least service of the branches already waiting, never lower it.
-local function lift_service(service_key, depth_key, branch)
-  local least = nil
-  for _, other in ipairs(redis.call('HKEYS', depth_key)) do
-    if other ~= branch then
-      local served = tonumber(redis.call('HGET', service_key, other) or '0')
-      if least == nil or served < least then least = served end
+-- least service of the branches waiting, never lower it (a branch not counted yet starts there).
+local function lift_service(service_key, branch)
+  local least = redis.call('ZRANGE', service_key, 0, 0, 'WITHSCORES')[2]
+  if least then
+    local own = redis.call('ZSCORE', service_key, branch)
+    if not own or tonumber(own) < tonumber(least) then
+      redis.call('ZADD', service_key, least, branch)
     end
-  end
-  if least ~= nil and tonumber(redis.call('HGET', service_key, branch) or '0') < least then
-    redis.call('HSET', service_key, branch, string.format('%.17g', least))
   end
 end
 
@@ -55,29 +52,37 @@ local function first_pending(depth_key, branch, pending_key)
   return nil
 end
 
+local PICK_SCAN = 16
 -- Which ticket the claim takes instead of the head `id` (its branch, priority and score given):
--- the first pending ticket of equal priority of the waiting branch with the least service (ties
--- in queue order); the head itself when its branch waits alone or is served least.
+-- the first pending ticket of equal priority of the waiting branch with the least service; the
+-- head itself when its branch waits alone or is served least. Branches are read from the least
+-- served up, at most PICK_SCAN of them; one no longer waiting leaves the service set on the way
+-- (its service is forgotten: it was at most the least, which a branch that waits again gets).
 local function fair_pick(id, branch, priority, score, depth_key, service_key, pending_key, prefix)
   if not depth_key or not service_key or not branch or redis.call('HLEN', depth_key) < 2 then
     return id
   end
   index_pending(depth_key, branch, id, score)  -- a ticket back from a lost lease or a preemption
-  local best, best_served, best_score = id, tonumber(redis.call('HGET', service_key, branch) or '0'),
-    tonumber(score)
-  for _, other in ipairs(redis.call('HKEYS', depth_key)) do
-    if other ~= branch then
-      local served = tonumber(redis.call('HGET', service_key, other) or '0')
-      if served <= best_served then
-        local other_id, other_score = first_pending(depth_key, other, pending_key)
-        if other_id and (served < best_served or other_score < best_score)
-            and redis.call('HGET', prefix .. other_id, 'priority') == priority then
-          best, best_served, best_score = other_id, served, other_score
-        end
+  local own = redis.call('ZSCORE', service_key, branch)
+  if not own then
+    lift_service(service_key, branch)
+    own = redis.call('ZSCORE', service_key, branch) or '0'
+  end
+  own = tonumber(own)
+  local lowest = redis.call('ZRANGE', service_key, 0, PICK_SCAN - 1, 'WITHSCORES')
+  for i = 1, #lowest, 2 do
+    local other, served = lowest[i], tonumber(lowest[i + 1])
+    if served >= own or other == branch then return id end
+    if redis.call('HEXISTS', depth_key, other) == 0 then
+      redis.call('ZREM', service_key, other)
+    else
+      local other_id = first_pending(depth_key, other, pending_key)
+      if other_id and redis.call('HGET', prefix .. other_id, 'priority') == priority then
+        return other_id
       end
     end
   end
-  return best
+  return id
 end
 
 -- Weights from the claim's ARGV starting at `at`: input, output, then m branch/weight pairs.
@@ -95,6 +100,6 @@ end
 local function charge_service(service_key, branch, prompt, max_tokens, w_in, w_out, weights)
   if service_key and branch then
     local cost = (w_in * prompt + w_out * max_tokens) / (weights[branch] or 1)
-    redis.call('HINCRBYFLOAT', service_key, branch, cost)
+    redis.call('ZINCRBY', service_key, cost, branch)
   end
 end

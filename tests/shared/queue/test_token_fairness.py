@@ -116,8 +116,8 @@ def test_a_branch_that_starts_waiting_is_lifted_to_the_least_service(
     for _ in range(5):
         queue.claim("w", BATCH)
     service_key = queue.keys.branch_service("complaint")
-    least = min(float(v) for v in redis_client.hgetall(service_key).values())
+    least = min(score for _, score in redis_client.zrange(service_key, 0, -1, withscores=True))
     _submit(producer, "late", SHORT_PROMPT, 10)
-    assert float(redis_client.hget(service_key, "late") or 0) == pytest.approx(least)
+    assert redis_client.zscore(service_key, "late") == pytest.approx(least)
     taken = [c.ticket.branch_id for c in queue.claim("w", 6)]
     assert taken.count("late") <= 3, "the newcomer takes its turn, not every turn it missed"
