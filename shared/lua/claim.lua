@@ -50,7 +50,7 @@ carrying its new `token`); expired counts tickets ended because their TTL passed
 -- @include fairness
 
 local FIELDS = {'status', 'type', 'expires_at', 'prompt_tokens_estimate', 'max_tokens', 'branch_id',
-  'attempts', 'priority', 'score'}
+  'attempts', 'priority'}
 local now = tonumber(ARGV[1])
 local limit = tonumber(ARGV[2])
 local lease = tonumber(ARGV[3])
@@ -71,10 +71,7 @@ for i = critical_at, #ARGV do
   critical[ARGV[i]] = true
 end
 
-for _, id in ipairs(promote_due(KEYS[2], KEYS[1], prefix, now, 1000)) do
-  local t = redis.call('HMGET', prefix .. id, 'type', 'branch_id', 'score')
-  if t[1] then index_pending(depths[t[1]], t[2], id, t[3]) end
-end
+index_promoted(promote_due(KEYS[2], KEYS[1], prefix, now, 1000), prefix, depths)
 
 local claimed = {}
 local expired = 0
@@ -85,6 +82,17 @@ local scanned = 0
 -- The head of the queue, read a window at a time: every id read is taken, ended or dropped below
 -- before the next, so the window stays the head while the claim runs.
 local window, next_in_window = {}, 1
+-- The head a fair pick passed over (read once while it stays the head) and the tickets claimed.
+local head_id, head_fields, taken = nil, nil, {}
+-- Whether several branches wait for a type, read once per claim: a pick between branches is only
+-- made then (a branch that is alone gains nothing from it).
+local branches_waiting = {}
+local function several_waiting(ticket_type)
+  if branches_waiting[ticket_type] == nil and depths[ticket_type] then
+    branches_waiting[ticket_type] = redis.call('HLEN', depths[ticket_type])
+  end
+  return (branches_waiting[ticket_type] or 0) > 1
+end
 while #claimed < limit and scanned < limit + 1000 do
   if next_in_window > #window then
     window = redis.call('ZRANGE', KEYS[1], 0, limit - #claimed)
@@ -93,18 +101,31 @@ while #claimed < limit and scanned < limit + 1000 do
   local id = window[next_in_window]
   if not id then break end
   local key = prefix .. id
-  local t = redis.call('HMGET', key, unpack(FIELDS))
+  local t
+  if taken[id] then  -- already claimed here as another branch's turn: nothing to read
+    t = {}
+  elseif id == head_id then
+    t = head_fields
+  else
+    t = redis.call('HMGET', key, unpack(FIELDS))
+  end
   local from_head = true
   if t[1] == 'queued' and t[2] and tonumber(t[3]) > now then
-    local pick = fair_pick(id, t[6], t[8], t[9], depths[t[2]], services[t[2]], KEYS[1], prefix)
+    local pick = id
+    if several_waiting(t[2]) then
+      pick = fair_pick(id, t[6], t[8], depths[t[2]], services[t[2]], KEYS[1], prefix)
+    end
     if pick ~= id then
+      head_id, head_fields = id, t
       id, key, from_head = pick, prefix .. pick, false
       t = redis.call('HMGET', key, unpack(FIELDS))
     end
   end
   if from_head then next_in_window = next_in_window + 1 end
   local ticket_type = t[2]
-  if t[1] ~= 'queued' or not ticket_type then
+  if taken[id] then
+    scanned = scanned + 1
+  elseif t[1] ~= 'queued' or not ticket_type then
     -- Not a queued ticket any more (its hash is gone or it ended elsewhere): drop the stale entry.
     redis.call('ZREM', KEYS[1], id)
     scanned = scanned + 1
@@ -142,6 +163,7 @@ while #claimed < limit and scanned < limit + 1000 do
       'started_at', ARGV[1], 'lease_until', now + lease, 'attempts', (tonumber(t[7]) or 0) + 1)
     redis.call('ZADD', KEYS[4], now + lease, id)
     claimed[#claimed + 1] = redis.call('HGETALL', key)
+    taken[id] = true
   end
 end
 return {claimed, expired}

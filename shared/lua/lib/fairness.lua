@@ -22,6 +22,14 @@ local function index_pending(depth_key, branch, id, score)
   end
 end
 
+-- Index tickets `promote_due` moved back to the pending set (`depths`: type -> depth key).
+local function index_promoted(ids, prefix, depths)
+  for _, id in ipairs(ids) do
+    local t = redis.call('HMGET', prefix .. id, 'type', 'branch_id', 'score')
+    if t[1] then index_pending(depths[t[1]], t[2], id, t[3]) end
+  end
+end
+
 local function unindex_pending(depth_key, branch, id)
   if depth_key and branch then
     redis.call('ZREM', branch_queue_key(depth_key, branch), id)
@@ -52,34 +60,30 @@ local function first_pending(depth_key, branch, pending_key)
   return nil
 end
 
-local PICK_SCAN = 16
--- Which ticket the claim takes instead of the head `id` (its branch, priority and score given):
--- the first pending ticket of equal priority of the waiting branch with the least service; the
--- head itself when its branch waits alone or is served least. Branches are read from the least
+local PICK_SCAN = 4
+-- Which ticket the claim takes instead of the head `id` (its branch and priority given): the
+-- first pending ticket of equal priority of the waiting branch with the least service; the head
+-- itself when its branch is served least (the caller skips this while one branch waits). Branches are read from the least
 -- served up, at most PICK_SCAN of them; one no longer waiting leaves the service set on the way
 -- (its service is forgotten: it was at most the least, which a branch that waits again gets).
-local function fair_pick(id, branch, priority, score, depth_key, service_key, pending_key, prefix)
-  if not depth_key or not service_key or not branch or redis.call('HLEN', depth_key) < 2 then
-    return id
-  end
-  index_pending(depth_key, branch, id, score)  -- a ticket back from a lost lease or a preemption
+local function fair_pick(id, branch, priority, depth_key, service_key, pending_key, prefix)
+  if not depth_key or not service_key or not branch then return id end
+  local lowest = redis.call('ZRANGE', service_key, 0, PICK_SCAN - 1, 'WITHSCORES')
+  if lowest[1] == branch or not lowest[1] then return id end
   local own = redis.call('ZSCORE', service_key, branch)
   if not own then
     lift_service(service_key, branch)
     own = redis.call('ZSCORE', service_key, branch) or '0'
   end
   own = tonumber(own)
-  local lowest = redis.call('ZRANGE', service_key, 0, PICK_SCAN - 1, 'WITHSCORES')
   for i = 1, #lowest, 2 do
     local other, served = lowest[i], tonumber(lowest[i + 1])
     if served >= own or other == branch then return id end
-    if redis.call('HEXISTS', depth_key, other) == 0 then
+    local other_id = first_pending(depth_key, other, pending_key)
+    if other_id then
+      if redis.call('HGET', prefix .. other_id, 'priority') == priority then return other_id end
+    elseif redis.call('HEXISTS', depth_key, other) == 0 then
       redis.call('ZREM', service_key, other)
-    else
-      local other_id = first_pending(depth_key, other, pending_key)
-      if other_id and redis.call('HGET', prefix .. other_id, 'priority') == priority then
-        return other_id
-      end
     end
   end
   return id
