@@ -131,7 +131,6 @@ while #claimed < limit and scanned < limit + 1000 do
     scanned = scanned + 1
   elseif tonumber(t[3]) <= now then
     unqueue(id, KEYS[1], KEYS[2], KEYS[3], waiting[ticket_type] or KEYS[1], depths[ticket_type], t[6])
-    unindex_pending(depths[ticket_type], t[6], id)
     finish_ticket(key, id, ticket_type, 'expired', ARGV[1], retention,
       'TTL passed while queued', KEYS[5], KEYS[7])
     expired = expired + 1
@@ -156,7 +155,6 @@ while #claimed < limit and scanned < limit + 1000 do
     used = used + cost
     local token = redis.call('INCR', KEYS[6])
     unqueue(id, KEYS[1], KEYS[2], KEYS[3], waiting[ticket_type] or KEYS[1], depths[ticket_type], t[6])
-    unindex_pending(depths[ticket_type], t[6], id)
     charge_service(services[ticket_type], t[6], tonumber(t[4]) or 0, tonumber(t[5]) or 0, w_in, w_out,
       weights)
     redis.call('HSET', key, 'status', 'running', 'token', token, 'worker', ARGV[4],

@@ -1,14 +1,16 @@
 --[[
 Token-weighted fair share between branches (the virtual token counter of "Fairness in Serving
-Large Language Models", OSDI'24), included by `-- @include fairness` into enqueue and claim.
+Large Language Models", OSDI'24), included by `-- @include fairness` into the scripts that put
+tickets in the pending set (enqueue, claim's promotions, preempt, reap) and into claim.
 
 Per type: the branch depth hash (`depth_key`) names the waiting branches; each branch's pending
 tickets of the type sit in the zset `depth_key .. ':' .. branch` by their queue score
 (QueueKeys.branch_queue); the service zset (QueueKeys.branch_service) holds each waiting branch's
-weighted tokens claimed so far, so the least served is read in O(log n). The claim takes, within the band of the queue's head (its type and
-priority), the first ticket of the waiting branch with the least service. A branch that starts
-waiting is lifted to the least service of those already waiting, so time spent idle is not saved
-up against them. Stale index entries (cancelled, expired tickets) are dropped when met.
+weighted tokens claimed so far, so the least served is read in O(log n). The claim takes, within
+the band of the queue's head (its type and priority), the first ticket of the waiting branch with
+the least service. A branch that starts waiting is lifted to the least service of those already
+waiting, so time spent idle is not saved up against them. A ticket leaves its branch queue with
+the other queued structures (lib/tickets.lua `unqueue`).
 ]]
 
 local function branch_queue_key(depth_key, branch)
@@ -27,12 +29,6 @@ local function index_promoted(ids, prefix, depths)
   for _, id in ipairs(ids) do
     local t = redis.call('HMGET', prefix .. id, 'type', 'branch_id', 'score')
     if t[1] then index_pending(depths[t[1]], t[2], id, t[3]) end
-  end
-end
-
-local function unindex_pending(depth_key, branch, id)
-  if depth_key and branch then
-    redis.call('ZREM', branch_queue_key(depth_key, branch), id)
   end
 end
 

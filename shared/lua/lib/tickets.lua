@@ -51,10 +51,12 @@ local function turn_score(waiting_key, pending_key, prefix, held, branches, prio
   return score
 end
 
--- Remove a ticket from every structure that holds queued tickets (and from its branch's count in
--- its type's `depth_key`, when the caller gives it with the ticket's branch).
+-- Remove a ticket from every structure that holds queued tickets (and from its branch's count and
+-- queue under its type's `depth_key`, when the caller gives it with the ticket's branch; the
+-- branch queue is lib/fairness.lua's).
 local function unqueue(id, pending_key, delayed_key, deadlines_key, waiting_key, depth_key, branch)
   redis.call('ZREM', pending_key, id)
+  if depth_key and branch then redis.call('ZREM', depth_key .. ':' .. branch, id) end
   redis.call('ZREM', delayed_key, id)
   redis.call('ZREM', deadlines_key, id)
   if redis.call('ZREM', waiting_key, id) == 1 then
