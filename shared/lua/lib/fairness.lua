@@ -64,14 +64,16 @@ local PICK_SCAN = 4
 -- (its service is forgotten: it was at most the least, which a branch that waits again gets).
 local function fair_pick(id, branch, priority, depth_key, service_key, pending_key, prefix)
   if not depth_key or not service_key or not branch then return id end
-  local lowest = redis.call('ZRANGE', service_key, 0, PICK_SCAN - 1, 'WITHSCORES')
-  if lowest[1] == branch or not lowest[1] then return id end
+  local least = redis.call('ZRANGE', service_key, 0, 0, 'WITHSCORES')
+  if least[1] == branch or not least[1] then return id end
   local own = redis.call('ZSCORE', service_key, branch)
   if not own then
     lift_service(service_key, branch)
-    own = redis.call('ZSCORE', service_key, branch) or '0'
+    return id  -- lifted to the least: a tie, which the head wins
   end
   own = tonumber(own)
+  if tonumber(least[2]) >= own then return id end
+  local lowest = redis.call('ZRANGE', service_key, 0, PICK_SCAN - 1, 'WITHSCORES')
   for i = 1, #lowest, 2 do
     local other, served = lowest[i], tonumber(lowest[i + 1])
     if served >= own or other == branch then return id end
