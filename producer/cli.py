@@ -50,8 +50,9 @@ def _result_doc(result: SubmitResult) -> dict[str, Any]:
     if result.ticket is not None:
         doc.update(status=result.ticket.status.value, priority=result.ticket.priority)
         doc["expires_at"] = result.ticket.expires_at
-    if result.outcome == "rejected":
-        doc.update(reason=result.reason, retry_after=result.retry_after)
+    if result.outcome == "rejected":  # the shed code is the `code` of the HTTP answer's error
+        doc.update(code=result.shed_code, reason=result.reason)
+        doc["retry_after"] = result.retry_after
     return doc
 
 
@@ -226,6 +227,7 @@ def status(
         None, "--queue", help="queue name (TIDEGATE_QUEUE_NAME); repeat it, or a comma list, to show several"
     ),
     watch: bool = typer.Option(False, "--watch", help="refresh every second until Ctrl-C"),
+    redis_url: str | None = typer.Option(None, "--redis-url", help="TIDEGATE_REDIS_URL"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Depth per type, alarm level (in colour) and transitions, mode, workers, recent sheds.
@@ -234,7 +236,7 @@ def status(
     one document per queue (one queue prints its document alone).
     """
     names = parse_queue_names(queue)
-    settings = load_settings(queue_name=names[0] if names else None)
+    settings = load_settings(queue_name=names[0] if names else None, redis_url=redis_url)
     names = names or (settings.queue_name,)
     try:
         docs = status_documents(settings, names)

@@ -41,6 +41,14 @@ class SubmitResult:
     def accepted(self) -> bool:
         return self.outcome != "rejected"
 
+    @property
+    def shed_code(self) -> ShedCode | None:
+        """The code a rejection answers with (HTTP, OpenAI and `enqueue --json` alike): its own; one
+        recorded without a code answers as a type cap, as the HTTP answer always has."""
+        if self.outcome != "rejected":
+            return None
+        return self.code or ShedCode.TYPE_CAP
+
 
 class Producer:
     def __init__(
@@ -132,5 +140,10 @@ def _submit_result(enqueued: EnqueueResult, decision: Decision) -> SubmitResult:
     ticket = enqueued.ticket
     reason = ticket.error if ticket is not None and ticket.error else ""
     return SubmitResult(
-        "rejected", enqueued.ticket_id, ticket, enqueued.code, reason, retry_after=decision.retry_after
+        "rejected",
+        enqueued.ticket_id,
+        ticket,
+        enqueued.code,
+        reason,
+        retry_after=decision.retry_after if enqueued.retry_after is None else enqueued.retry_after,
     )

@@ -13,6 +13,7 @@ from typing import Any, cast
 from redis import Redis
 
 from shared import clock
+from shared.audit import record_action
 from shared.keys import QueueKeys
 from shared.policy import AlarmLevel, AlarmPolicy
 
@@ -107,7 +108,8 @@ def read_control_state(
     monitor_fresh = monitor_at is not None and clock.now() - monitor_at <= STALE_AFTER_SECONDS
     state = ControlState(
         level=level,
-        level_since=_float(alarm.get("since")),
+        # A level derived from depth has no known start; a dead monitor's "since" is not its.
+        level_since=_float(alarm.get("since")) if fresh else None,
         published_at=published_at,
         mode=mode,
         depth=depth,
@@ -138,10 +140,14 @@ def read_events(redis: Redis, keys: QueueKeys, count: int = 10) -> list[dict[str
 
 
 def set_mode(redis: Redis, keys: QueueKeys, mode: Mode, actor: str = "operator") -> Mode:
-    """Set the operator override and record it; returns the previous mode."""
-    previous = cast("str | None", redis.get(keys.mode))
+    """Set the operator override and record it (event and audit trail); returns the previous mode."""
+    raw = cast("str | None", redis.get(keys.mode))
+    previous = Mode(raw) if raw in {m.value for m in Mode} else Mode.NORMAL
     pipe = redis.pipeline(transaction=True)
     pipe.set(keys.mode, mode.value)
-    append_event(pipe, keys, "mode", previous=previous or Mode.NORMAL.value, mode=mode.value, actor=actor)
+    append_event(pipe, keys, "mode", previous=previous.value, mode=mode.value, actor=actor)
+    record_action(
+        pipe, keys, actor=actor, action="mode.set", target=keys.queue, before=previous.value, after=mode.value
+    )
     pipe.execute()
-    return Mode(previous) if previous in {m.value for m in Mode} else Mode.NORMAL
+    return previous

@@ -133,6 +133,11 @@ class QueueKeys:
         return self._key("events")
 
     @property
+    def audit(self) -> str:
+        """STREAM of operator actions (mode, keys, rollouts): who, when, before and after (capped)."""
+        return self._key("audit")
+
+    @property
     def mode(self) -> str:
         """STRING: operator override (normal | critical-only)."""
         return self._key("mode")

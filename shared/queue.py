@@ -7,7 +7,6 @@ Producers call `enqueue`/`enqueue_many`/`cancel`; workers `claim`, `extend`,
 from __future__ import annotations
 
 import json
-import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
@@ -15,7 +14,7 @@ from typing import Any, Literal, cast
 from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
 
-from shared import clock, tracing
+from shared import backoff, clock, tracing
 from shared.keys import WAKE_LIST_CAP, QueueKeys
 from shared.models import Ticket, TicketRequest
 from shared.policy import Policy
@@ -54,7 +53,8 @@ class Outcome:
 
     ticket_id: str
     token: str
-    status: Literal["done", "failed"]
+    status: Literal["done", "failed", "expired"]
+    """`expired`: not started, its deadline could no longer be met (counted `<type>:deadline_passed`)."""
     result: str | None = None
     usage: dict[str, Any] | None = None
     error: str = ""
@@ -332,7 +332,7 @@ class TicketQueue:
         self,
         ticket_id: str,
         token: str,
-        status: Literal["done", "failed"],
+        status: Literal["done", "failed", "expired"],
         *,
         result: str | None = None,
         usage: dict[str, Any] | None = None,
@@ -354,9 +354,9 @@ class TicketQueue:
             return []
         args: list[Any] = [repr(clock.now()), self.policy.queue.retention_spec]
         for index, outcome in enumerate(outcomes):
-            if outcome.status not in ("done", "failed"):
+            if outcome.status not in ("done", "failed", "expired"):
                 raise FinishItemError(
-                    index, outcome.ticket_id, "status", f"{outcome.status!r} is not done or failed"
+                    index, outcome.ticket_id, "status", f"{outcome.status!r} is not done, failed or expired"
                 )
             args.extend(outcome.arguments())
         keys = [self.keys.inflight, self.keys.counts, self.keys.outbox, self.keys.ticket_prefix]
@@ -364,10 +364,10 @@ class TicketQueue:
         return [str(r) for r in reply]
 
     def backoff_seconds(self, attempts: int) -> float:
-        """Exponential backoff with full jitter, so retries of a failed vLLM spread out."""
+        """How long a ticket waits before its next attempt (shared/backoff.py), so retries of a
+        failed vLLM spread out."""
         q = self.policy.queue
-        ceiling = min(q.retry_backoff_max_seconds, q.retry_backoff_seconds * 2 ** max(attempts - 1, 0))
-        return random.uniform(ceiling / 2, ceiling)
+        return backoff.full_jitter(attempts, q.retry_backoff_seconds, q.retry_backoff_max_seconds)
 
     def retry(
         self,

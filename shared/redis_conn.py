@@ -6,11 +6,13 @@ until the kernel gives up. The bound, for a command on a stalled Redis: `READ_TI
 (a timeout is not retried: the same stall would only multiply it); for a refused or reset
 connection (a restart): the retries below, about `CONNECT_RETRY_SECONDS` in all. Blocking pops
 get a client of their own whose read timeout is the pop's timeout plus `BLOCK_MARGIN_SECONDS`.
+A `rediss://` URL connects over TLS, verified against the CA its query names (`with_ca_certs`).
 """
 
 from __future__ import annotations
 
 from typing import Any, Protocol, cast
+from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
 
 import redis
 from redis import Redis
@@ -79,6 +81,25 @@ def blocking_client(client: Redis, block_seconds: float) -> Redis:
         connection_class=client.connection_pool.connection_class, **kwargs
     )
     return Redis(connection_pool=pool)
+
+
+def with_ca_certs(url: str | None, ca_certs: str, field: str) -> str:
+    """`url` (a `rediss://` URL) asking redis-py to verify the server with the CA file `ca_certs`.
+
+    redis-py reads `ssl_ca_certs` from a URL's query, so the CA needs no option of its own on any
+    client; a URL that names one already keeps it.
+    """
+    if not url or urlsplit(url).scheme != "rediss":
+        raise ValueError(
+            f"{field}: {url!r} is not a rediss:// URL; a Redis CA file (redis_ssl_ca_certs) is only "
+            "used over TLS, e.g. rediss://redis.internal:6380/0"
+        )
+    parts = urlsplit(url)
+    query = parse_qs(parts.query)
+    if "ssl_ca_certs" in query:
+        return url
+    query["ssl_ca_certs"] = [ca_certs]
+    return urlunsplit(parts._replace(query=urlencode(query, doseq=True)))
 
 
 def local_redis_answers(url: str = DEFAULT_LOCAL_URL) -> bool:

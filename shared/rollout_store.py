@@ -1,7 +1,7 @@
 """A queue's rollout in Redis: start, pause, resume, advance, roll back, each one atomic with its event.
 
 Every step is an optimistic transaction (WATCH the rollout hash, check the status it expects,
-MULTI, write the new state and its `rollout` event, EXEC), so an operator's `pause` racing the
+MULTI, write the new state, its `rollout` event and its audit entry, EXEC), so an operator's `pause` racing the
 monitor's `advance` leaves exactly one of them applied, and the event stream records only steps
 that happened. The caller may add its own writes to the same transaction (the monitor adds the
 notify job of a rollback).
@@ -16,6 +16,7 @@ from typing import Any
 import redis
 
 from shared import clock
+from shared.audit import record_action
 from shared.control import append_event
 from shared.keys import QueueKeys
 from shared.rollout import ACTIVE, RolloutState, RolloutStatus
@@ -157,6 +158,15 @@ class RolloutStore:
                     pipe.hset(self.keys.rollout, mapping=new.to_redis())
                     event = {"rollout": new.id, "status": new.status.value, "wave": new.wave, "actor": actor}
                     append_event(pipe, self.keys, "rollout", step=step, **event, **(fields or {}))
+                    record_action(
+                        pipe,
+                        self.keys,
+                        actor=actor,
+                        action=f"rollout.{step}",
+                        target=new.id,
+                        before=_audited(current),
+                        after=_audited(new),
+                    )
                     if also is not None:
                         also(pipe)
                     pipe.execute()
@@ -164,6 +174,13 @@ class RolloutStore:
                 except redis.WatchError:
                     continue
         raise RolloutError(f"rollout {step}: the state kept changing under {TRANSACTION_TRIES} tries")
+
+
+def _audited(state: RolloutState | None) -> dict[str, object] | None:
+    """What the audit trail keeps of a rollout: where it stood, not its timings."""
+    if state is None:
+        return None
+    return {"status": state.status.value, "wave": state.wave, "version": state.version}
 
 
 def _some(state: RolloutState | None) -> RolloutState:

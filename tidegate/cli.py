@@ -8,6 +8,7 @@ fast and lets a worker node run without importing the API's dependencies.
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 from typing import Any
 
 import typer
@@ -28,6 +29,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "keys": ("producer.api.keys_cli:app", "Manage branch API keys."),
     "mode": ("ops.monitor.mode_cli:app", "Operator override of admission (normal, critical-only)."),
+    "audit": (
+        "ops.monitor.audit_cli:app",
+        "Operator actions (mode, keys, rollouts): who, when, what changed.",
+    ),
     "chaos": ("ops.lab.chaos.cli:app", "Fault drill on a local stack: kills, restarts, errors, stalls."),
     "rollout": ("ops.monitor.rollout_cli:app", "Model rollouts: shadow traffic, canary waves, rollback."),
 }
@@ -64,8 +69,26 @@ app = typer.Typer(
 )
 
 
+def version() -> str:
+    """The installed distribution's version (a source tree run without installing says so)."""
+    try:
+        return importlib.metadata.version("tidegate")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"tidegate {version()}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    show_version: bool = typer.Option(
+        False, "--version", is_eager=True, callback=_print_version, help="Print the version and exit."
+    ),
+) -> None:
     """tidegate: a Redis-backed priority work queue that keeps LLM inference alive under overload."""
 
 

@@ -2,7 +2,8 @@
 
 Every write goes through the queue's scripts with the token of the claim that started the run,
 so a worker whose lease was taken over (it stalled, the reaper gave the ticket to another) cannot
-write a second answer: the script refuses and the answer is dropped here, with a log line.
+write a second answer: the script refuses and the answer is dropped here, with a warning. A ticket
+its branch cancelled is refused the same way, but that is expected and logged as information.
 """
 
 from __future__ import annotations
@@ -11,12 +12,25 @@ import logging
 
 from shared import clock
 from shared.logs import ticket_fields
+from shared.models import TicketStatus
+from shared.queue import ClaimedTicket, TicketQueue
 from worker import telemetry
-from worker.inflight import RunningTicket
-from worker.queue_set import Queues
+from worker.inflight import AbortReason, RunningTicket
+from worker.queue_set import Queues, QueueSet
 from worker.vllm_client import Completion
 
 log = logging.getLogger(__name__)
+
+
+def _cancelled(queue: TicketQueue, running: RunningTicket) -> bool:
+    """The branch cancelled the ticket (an expected end), rather than another worker taking it over.
+
+    The abort says so when the cancel reached the request; a cancel that came as the answer was
+    finishing shows only in the ticket's status, read here, on this rare path alone."""
+    if running.handle.reason == AbortReason.CANCELLED:
+        return True
+    found = queue.get(running.id)
+    return found is not None and found.status is TicketStatus.CANCELLED
 
 
 class ResultWriter:
@@ -30,6 +44,7 @@ class ResultWriter:
         usage["worker"] = self.worker_id
         usage["gpu"] = running.gpu
         extra = {"first_token_at": repr(completion.first_token_at)} if completion.first_token_at else {}
+        owner = self.queue.owner(running.id) if isinstance(self.queue, QueueSet) else self.queue
         written = self.queue.finish(
             running.id, running.token, "done", result=completion.text, usage=usage, extra=extra
         )
@@ -37,6 +52,12 @@ class ResultWriter:
         if written:
             telemetry.observe_answer(running.ticket, completion.first_token_at, clock.now())
             log.info("ticket %s: done", running.id, extra=fields)
+        elif _cancelled(owner, running):
+            log.info(
+                "ticket %s: cancelled by its branch while running; its answer is not stored",
+                running.id,
+                extra=fields,
+            )
         else:
             log.warning(
                 "ticket %s: lease lost before its answer was written; answer dropped",
@@ -54,6 +75,15 @@ class ResultWriter:
                 running.id,
                 extra=ticket_fields(running.ticket, self.worker_id),
             )
+        return written
+
+    def deadline_passed(self, claimed: ClaimedTicket, reason: str) -> bool:
+        """End a claimed, unstarted ticket `expired`: its deadline can no longer be met."""
+        ticket = claimed.ticket
+        written = self.queue.finish(ticket.id, claimed.token, "expired", error=reason)
+        log.info(
+            "ticket %s: expired unstarted: %s", ticket.id, reason, extra=ticket_fields(ticket, self.worker_id)
+        )
         return written
 
     def retry(

@@ -33,6 +33,7 @@ from worker.breaker_gate import BreakerGate, fallback_urls
 from worker.claim_loop import ClaimLoop
 from worker.config import WorkerConfig
 from worker.critical_pressure import CriticalPressure
+from worker.deadlines import StartRule
 from worker.execution import Executor
 from worker.gpu_memory import GpuMemoryProvider
 from worker.headroom import CriticalHeadroom
@@ -110,6 +111,9 @@ class Worker:
     ) -> None:
         self.config = config
         self.policy = policy
+        self.lease_seconds = (
+            policy.queue.lease_seconds if config.lease_seconds is None else config.lease_seconds
+        )
         self.queue = TicketQueue(redis, policy, config.queue_name, replica_acks=config.replica_acks)
         """The first queue served (each queue's keys hold its own breakers and rollout)."""
         self.queues: Queues = self.queue
@@ -164,7 +168,7 @@ class Worker:
         )
         self.pool = ThreadPoolExecutor(max_workers=config.max_batch, thread_name_prefix="ticket")
         self.claim_loop = self._claim_loop()
-        self.leases = LeaseKeeper(self.queues, self.inflight, config.lease_seconds)
+        self.leases = LeaseKeeper(self.queues, self.inflight, self.lease_seconds)
         self.registry: WorkerRegistry | RegistrySet = (
             RegistrySet(redis, self.queues, config.worker_id, config.heartbeat_seconds)
             if isinstance(self.queues, QueueSet)
@@ -198,12 +202,13 @@ class Worker:
             writer=self.writer,
             start=self._start_ticket,
             stop=self.stop_requested,
-            lease_seconds=self.config.lease_seconds,
+            lease_seconds=self.lease_seconds,
             block_seconds=self.config.block_seconds,
             burst=self.config.burst,
             limits=self.limits,
             preemptor=self.preemptor,
             endpoints=self.endpoints,
+            start_rule=StartRule(frozenset(self.policy.critical_types), self.config.deadline_service_seconds),
         )
 
     def _housekeeping(self, gpu_provider: GpuMemoryProvider | None) -> Housekeeping:
@@ -248,7 +253,7 @@ class Worker:
             self.config.vllm_url,
             model,
             self.config.max_batch,
-            self.config.lease_seconds,
+            self.lease_seconds,
         )
         self.housekeeping.resize()
         self.housekeeping.heartbeat()

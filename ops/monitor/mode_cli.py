@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import getpass
 import time
 from typing import Any
 
 import redis
 import typer
 
+from shared.audit import os_user
 from shared.cli_support import load_settings, print_json, redis_failure
 from shared.control import Mode, read_events, set_mode
 from shared.keys import QueueKeys
@@ -22,13 +22,6 @@ app = typer.Typer(
 
 MODE_EVENT_SCAN = 500
 """How far back `mode show` looks in the event stream for the last mode change."""
-
-
-def _actor() -> str:
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):
-        return "operator"
 
 
 def mode_document(client: redis.Redis, queue_name: str) -> dict[str, Any]:
@@ -48,7 +41,7 @@ def mode_document(client: redis.Redis, queue_name: str) -> dict[str, Any]:
 def set_command(
     mode: Mode = typer.Argument(..., help="normal, or critical-only (admit only critical types)"),
     queue: str | None = typer.Option(None, "--queue", help="queue name (TIDEGATE_QUEUE_NAME)"),
-    actor: str = typer.Option(_actor(), "--actor", help="who asks; recorded in the event stream"),
+    actor: str = typer.Option(os_user(), "--actor", help="who asks; recorded in the audit trail"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON document"),
 ) -> None:
     """Switch the operator mode; it takes effect within a fraction of a second everywhere."""

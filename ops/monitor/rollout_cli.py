@@ -10,7 +10,6 @@ refuses another one than `--version`; a candidate it cannot reach only earns a w
 
 from __future__ import annotations
 
-import getpass
 import importlib
 import re
 from pathlib import Path
@@ -21,6 +20,7 @@ import redis
 import requests
 import typer
 
+from shared.audit import os_user
 from shared.cli_support import EXIT_BAD_INPUT, fail, load_settings, print_json, redis_failure
 from shared.config import Settings
 from shared.keys import QueueKeys
@@ -41,13 +41,6 @@ _UNIT_SECONDS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 QUEUE_OPTION = typer.Option(None, "--queue", help="queue name (TIDEGATE_QUEUE_NAME)")
 JSON_OPTION = typer.Option(False, "--json", help="print one JSON document")
-
-
-def _actor() -> str:
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):
-        return "operator"
 
 
 def parse_duration(text: str, field: str) -> float:
@@ -130,7 +123,7 @@ def start_command(
     ),
     verify: bool = typer.Option(True, "--verify/--no-verify", help="check the version the candidate serves"),
     queue: str | None = QUEUE_OPTION,
-    actor: str = typer.Option(_actor(), "--actor", help="who asks; recorded in the event stream"),
+    actor: str = typer.Option(os_user(), "--actor", help="who asks; recorded in the audit trail"),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Start wave 0: branches whose id ends in 0 run on the candidate; one more digit per interval."""
@@ -153,7 +146,7 @@ def start_command(
 @app.command("pause")
 def pause_command(
     queue: str | None = QUEUE_OPTION,
-    actor: str = typer.Option(_actor(), "--actor"),
+    actor: str = typer.Option(os_user(), "--actor", help="who asks; recorded in the audit trail"),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Hold the current wave: its branches stay on the candidate, no wave advances."""
@@ -163,7 +156,7 @@ def pause_command(
 @app.command("resume")
 def resume_command(
     queue: str | None = QUEUE_OPTION,
-    actor: str = typer.Option(_actor(), "--actor"),
+    actor: str = typer.Option(os_user(), "--actor", help="who asks; recorded in the audit trail"),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Run the held wave on; the time it was paused does not count towards its interval."""
@@ -174,7 +167,7 @@ def resume_command(
 def rollback_command(
     reason: str = typer.Option("rolled back by the operator", "--reason"),
     queue: str | None = QUEUE_OPTION,
-    actor: str = typer.Option(_actor(), "--actor"),
+    actor: str = typer.Option(os_user(), "--actor", help="who asks; recorded in the audit trail"),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Send every branch back to the primary now; running requests finish where they are."""

@@ -22,6 +22,7 @@ from producer.api.docs import install_docs
 from producer.api.errors import install_error_handlers
 from producer.api.http_metrics import instrument
 from producer.api.keys import ApiKeyStore
+from producer.api.metrics_access import MetricsPort
 from producer.api.openai import routes as openai_routes
 from producer.api.openai.hub import READ_TIMEOUT_SECONDS as HUB_READ_TIMEOUT_SECONDS
 from producer.api.openai.hub import LiveHub
@@ -82,10 +83,20 @@ def create_app(
         models=ModelCatalog(redis, producer.queue.keys),
     )
 
+    metrics_port = (
+        MetricsPort(context.registry, settings.metrics_port, settings.metrics_host or "127.0.0.1")
+        if settings.metrics_port is not None
+        else None
+    )
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         context.hub.start()
+        if metrics_port is not None:
+            metrics_port.start()
         yield
+        if metrics_port is not None:
+            metrics_port.stop()
         await context.hub.stop()
         await accept_redis.aclose()
         redis.close()

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from producer.api.errors import api_error
 from producer.api.keys import ApiKeyStore, Role, hash_token, tokens_equal
+from shared.audit import key_actor
 
 CACHE_LIMIT = 10_000
 BOOTSTRAP_OPERATOR_ID = "operator-env"
@@ -25,6 +26,13 @@ class Principal:
     branch_id: str | None
     key_id: str
     default_type: str | None = None
+    name: str = ""
+    """The key's label, given at creation: who holds it."""
+
+    @property
+    def actor(self) -> str:
+        """How the audit trail names this caller."""
+        return key_actor(self.key_id, self.name)
 
     @property
     def is_operator(self) -> bool:
@@ -75,7 +83,7 @@ class Authenticator:
                 self._cache.pop(digest, None)
             reason = "revoked" if record is not None else "unknown"
             raise api_error(401, f"{reason} API key", code="invalid_api_key", headers=_CHALLENGE)
-        principal = Principal(record.role, record.branch_id, record.key_id, record.default_type)
+        principal = Principal(record.role, record.branch_id, record.key_id, record.default_type, record.label)
         if self.cache_seconds > 0:
             with self._lock:
                 if len(self._cache) >= CACHE_LIMIT:

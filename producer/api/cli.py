@@ -11,7 +11,8 @@ import os
 import typer
 import uvicorn
 
-from shared.cli_support import load_settings
+from shared.cli_support import EXIT_BAD_INPUT, fail, load_settings
+from shared.config import setting_help
 from shared.logs import uvicorn_log_config
 from shared.redis_conn import RedisUnavailable, resolve_redis_url
 
@@ -35,9 +36,25 @@ def api(
     policy_file: str | None = typer.Option(None, "--policy-file", help="TIDEGATE_POLICY_FILE"),
     log_level: str = typer.Option("info", "--log-level", help="uvicorn log level"),
     access_log: bool = typer.Option(True, "--access-log/--no-access-log"),
+    ssl_certfile: str | None = typer.Option(None, "--ssl-certfile", help=setting_help("ssl_certfile")),
+    ssl_keyfile: str | None = typer.Option(None, "--ssl-keyfile", help=setting_help("ssl_keyfile")),
+    metrics_auth: str | None = typer.Option(None, "--metrics-auth", help=setting_help("metrics_auth")),
+    metrics_port: int | None = typer.Option(None, "--metrics-port", help=setting_help("metrics_port")),
 ) -> None:
-    """Serve the branch-office HTTP API (OpenAPI at /openapi.json, docs at /docs)."""
-    settings = load_settings(redis_url=redis_url, queue_name=queue, policy_file=policy_file)
+    """Serve the branch-office HTTP API (OpenAPI at /openapi.json, docs at /docs); HTTPS with a
+    certificate and its key."""
+    settings = load_settings(
+        redis_url=redis_url,
+        queue_name=queue,
+        policy_file=policy_file,
+        ssl_certfile=ssl_certfile,
+        ssl_keyfile=ssl_keyfile,
+        metrics_auth=metrics_auth,
+        metrics_port=metrics_port,
+    )
+    for flag, path in (("--ssl-certfile", settings.ssl_certfile), ("--ssl-keyfile", settings.ssl_keyfile)):
+        if path is not None and not os.path.isfile(path):
+            fail(f"{flag}: {path!r} is not a readable file (a PEM certificate or key)", EXIT_BAD_INPUT)
     try:
         url = resolve_redis_url(settings.redis_url)
     except RedisUnavailable as exc:
@@ -45,6 +62,16 @@ def api(
         raise typer.Exit(1) from None
     os.environ["TIDEGATE_REDIS_URL"] = url
     os.environ["TIDEGATE_QUEUE_NAME"] = settings.queue_name
+    os.environ["TIDEGATE_METRICS_AUTH"] = settings.metrics_auth
+    if settings.metrics_port is not None:
+        if workers > 1:
+            fail(
+                "--metrics-port: one process serves it, not --workers "
+                f"{workers}; keep /metrics on the API port behind --metrics-auth operator instead",
+                EXIT_BAD_INPUT,
+            )
+        os.environ["TIDEGATE_METRICS_PORT"] = str(settings.metrics_port)
+        os.environ["TIDEGATE_METRICS_HOST"] = settings.metrics_host or host
     if settings.policy_file:
         os.environ["TIDEGATE_POLICY_FILE"] = settings.policy_file
     uvicorn.run(
@@ -58,4 +85,6 @@ def api(
         access_log=access_log,
         proxy_headers=True,
         timeout_keep_alive=KEEP_ALIVE_SECONDS,
+        ssl_certfile=settings.ssl_certfile,
+        ssl_keyfile=settings.ssl_keyfile,
     )

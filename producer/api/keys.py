@@ -15,11 +15,12 @@ import re
 import secrets
 from dataclasses import asdict, dataclass
 from enum import StrEnum
-from typing import cast
+from typing import Any, cast
 
 from redis import Redis
 
 from shared import clock
+from shared.audit import record_action
 from shared.keys import QueueKeys
 
 TOKEN_PREFIX = "tg_"
@@ -69,6 +70,13 @@ class ApiKey:
         )
 
 
+def _audited(key: ApiKey) -> dict[str, object]:
+    """What the audit trail keeps of a key: everything but its creation time (the entry has one)."""
+    doc = asdict(key)
+    del doc["created_at"]
+    return doc
+
+
 class ApiKeyError(ValueError):
     """A key operation that cannot be done; the message names the value and what is accepted."""
 
@@ -101,8 +109,9 @@ class ApiKeyStore:
         label: str = "",
         *,
         default_type: str | None = None,
+        actor: str = "operator",
     ) -> tuple[str, ApiKey]:
-        """A new key: returns the token (shown once, never stored) and its record."""
+        """A new key: returns the token (shown once, never stored) and its record; `actor` made it."""
         if role is Role.BRANCH:
             if branch_id is None or not BRANCH_ID_PATTERN.match(branch_id):
                 raise ApiKeyError(
@@ -115,7 +124,10 @@ class ApiKeyStore:
         record = ApiKey(
             digest[:KEY_ID_LENGTH], role, branch_id, label, clock.now(), default_type=default_type
         )
-        self.redis.hset(self.keys.api_keys, digest, record.to_json())
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hset(self.keys.api_keys, digest, record.to_json())
+        self._audit(pipe, actor, "key.create", record.key_id, None, _audited(record))
+        pipe.execute()
         return token, record
 
     def create_callback_secret(self, branch_id: str) -> str | None:
@@ -128,7 +140,7 @@ class ApiKeyStore:
         created = self.redis.hsetnx(self.keys.callback_secrets, branch_id, secret)
         return secret if created else None
 
-    def rotate_callback_secret(self, branch_id: str) -> str:
+    def rotate_callback_secret(self, branch_id: str, actor: str = "operator") -> str:
         """Replace the branch's signing secret (a lost or leaked one): deliveries from now on are
         signed with the returned secret only, which is shown this once."""
         if not BRANCH_ID_PATTERN.match(branch_id):
@@ -136,8 +148,14 @@ class ApiKeyStore:
                 f"branch {branch_id!r} is not a valid branch id: use 1-32 letters, digits, '_' or '-'"
             )
         secret = _new_secret()
-        self.redis.hset(self.keys.callback_secrets, branch_id, secret)
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hset(self.keys.callback_secrets, branch_id, secret)
+        self._audit(pipe, actor, "key.rotate_secret", branch_id, None, None)  # never the secret itself
+        pipe.execute()
         return secret
+
+    def _audit(self, pipe: Any, actor: str, action: str, target: str, before: Any, after: Any) -> None:
+        record_action(pipe, self.keys, actor=actor, action=action, target=target, before=before, after=after)
 
     def lookup(self, token: str) -> ApiKey | None:
         """The record of `token`, revoked or not; None for a key never issued here."""
@@ -160,13 +178,16 @@ class ApiKeyStore:
         found = [k for k in self._all().values() if branch_id is None or k.branch_id == branch_id]
         return sorted(found, key=lambda k: k.created_at)
 
-    def revoke(self, key_id: str) -> ApiKey:
+    def revoke(self, key_id: str, actor: str = "operator") -> ApiKey:
         """Mark the key `key_id` revoked (kept for the audit trail); revoking twice is harmless."""
         for digest, record in self._all().items():
             if record.key_id == key_id:
                 if record.revoked:
                     return record
                 revoked = dataclasses.replace(record, revoked_at=clock.now())
-                self.redis.hset(self.keys.api_keys, digest, revoked.to_json())
+                pipe = self.redis.pipeline(transaction=True)
+                pipe.hset(self.keys.api_keys, digest, revoked.to_json())
+                self._audit(pipe, actor, "key.revoke", key_id, _audited(record), _audited(revoked))
+                pipe.execute()
                 return revoked
         raise ApiKeyError(f"no API key with id {key_id!r}; `tidegate keys list` shows the ids")

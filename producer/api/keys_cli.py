@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from producer.api.keys import ApiKey, ApiKeyError, ApiKeyStore, Role
+from shared.audit import os_user
 from shared.cli_support import EXIT_BAD_INPUT, fail, load_settings, print_json, redis_failure
 from shared.keys import QueueKeys
 from shared.redis_conn import RedisUnavailable, connect_from
@@ -23,6 +24,7 @@ app = typer.Typer(add_completion=False, help="Manage branch API keys.")
 
 QueueOption = typer.Option(None, "--queue", help="queue name (TIDEGATE_QUEUE_NAME)")
 JsonOption = typer.Option(False, "--json", help="print one JSON document")
+ActorOption = typer.Option(os_user(), "--actor", help="who asks; recorded in the audit trail")
 
 
 def _store(queue: str | None) -> ApiKeyStore:
@@ -58,6 +60,7 @@ def create(
         help="ticket type of OpenAI-style calls with this key that name none, e.g. complaint",
     ),
     queue: str | None = QueueOption,
+    actor: str = ActorOption,
     as_json: bool = JsonOption,
 ) -> None:
     """Create a key. The key is printed once and stored only as a hash: keep it now.
@@ -77,7 +80,7 @@ def create(
     secret: str | None = None
     try:
         token, record = store.create(
-            Role.OPERATOR if operator else Role.BRANCH, branch, label, default_type=default_type
+            Role.OPERATOR if operator else Role.BRANCH, branch, label, default_type=default_type, actor=actor
         )
         if branch is not None:
             secret = store.create_callback_secret(branch)
@@ -102,7 +105,8 @@ def list_keys(
     queue: str | None = QueueOption,
     as_json: bool = JsonOption,
 ) -> None:
-    """List keys (ids, branches, roles, revocations); secrets are never stored, so never shown."""
+    """List keys (ids, roles, branches, default types, revocations); secrets are never stored, so
+    never shown."""
     store = _store(queue)
     try:
         found = store.list_keys(branch)
@@ -111,12 +115,13 @@ def list_keys(
     if as_json:
         print_json({"keys": [_doc(k) for k in found]})
         return
-    table = Table("id", "role", "branch", "label", "created", "revoked")
+    table = Table("id", "role", "branch", "default type", "label", "created", "revoked")
     for key in found:
         table.add_row(
             key.key_id,
             key.role.value,
             key.branch_id or "",
+            key.default_type or "",
             key.label,
             _when(key.created_at),
             _when(key.revoked_at),
@@ -138,11 +143,12 @@ def _stored(change: Callable[[], T]) -> T:
 def revoke(
     key_id: str = typer.Argument(..., help="the key's id from `tidegate keys list`"),
     queue: str | None = QueueOption,
+    actor: str = ActorOption,
     as_json: bool = JsonOption,
 ) -> None:
     """Revoke a key: the API answers 401 to it within a second."""
     store = _store(queue)
-    record = _stored(lambda: store.revoke(key_id))
+    record = _stored(lambda: store.revoke(key_id, actor))
     if as_json:
         print_json(_doc(record))
         return
@@ -153,11 +159,12 @@ def revoke(
 def rotate_secret(
     branch: str = typer.Option(..., "--branch", help="the branch whose callback signing secret to replace"),
     queue: str | None = QueueOption,
+    actor: str = ActorOption,
     as_json: bool = JsonOption,
 ) -> None:
     """Replace a branch's callback signing secret; the new one is printed once, the old stops signing."""
     store = _store(queue)
-    secret = _stored(lambda: store.rotate_callback_secret(branch))
+    secret = _stored(lambda: store.rotate_callback_secret(branch, actor))
     if as_json:
         print_json({"branch_id": branch, "callback_secret": secret})
         return

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 from typing import Annotated, cast
 
-from fastapi import APIRouter, Body, Response
+from fastapi import APIRouter, Body, Query, Request, Response
 
 from producer.api.auth import require_operator
 from producer.api.context import Caller, Context
 from producer.api.errors import UNAUTHORIZED, UNREADABLE, error_responses
+from producer.api.metrics_access import check_metrics_access
 from producer.api.schemas import (
     MODE_BODY_EXAMPLES,
     AlarmLabel,
+    AuditEntryView,
+    AuditView,
     BreakerSummary,
     HealthView,
     LiveView,
@@ -23,6 +26,7 @@ from producer.api.schemas import (
     WorkerSummary,
     WorkersView,
 )
+from shared.audit import AUDIT_MAXLEN, read_audit
 from shared.breaker_store import BreakerStore, BreakerView
 from shared.control import read_control_state, set_mode
 from shared.keys import KNOWN_QUEUES
@@ -126,11 +130,27 @@ def put_mode(
 ) -> ModeView:
     """Operator override: `critical-only` admits only critical types (loan approvals) until `normal`."""
     require_operator(principal)
-    previous = set_mode(
-        context.redis, context.producer.queue.keys, body.mode, actor=f"api:{principal.key_id}"
-    )
+    previous = set_mode(context.redis, context.producer.queue.keys, body.mode, actor=principal.actor)
     context.producer.admission.invalidate()
     return ModeView(mode=body.mode, previous=previous)
+
+
+@router.get(
+    "/v1/audit",
+    response_model=AuditView,
+    responses=error_responses({401: UNAUTHORIZED, 403: "not an operator key"}),
+    tags=["operator"],
+    summary="Operator actions, newest first",
+)
+def read_audit_trail(
+    context: Context,
+    principal: Caller,
+    limit: Annotated[int, Query(ge=1, le=AUDIT_MAXLEN, description="most entries to return")] = 100,
+) -> AuditView:
+    """The audit trail: mode switches, key creations and revocations, rollout steps, with who and when."""
+    require_operator(principal)
+    entries = read_audit(context.redis, context.producer.queue.keys, limit)
+    return AuditView(entries=[AuditEntryView(**entry.as_dict()) for entry in entries])
 
 
 @router.get("/livez", response_model=LiveView, tags=["health"])
@@ -168,12 +188,19 @@ def healthz(context: Context) -> HealthView:
     response_class=Response,
     responses={
         200: {"content": {"text/plain": {"schema": {"type": "string"}}}},
-        **error_responses({}, validated=False),
+        **error_responses(
+            {401: UNAUTHORIZED, 403: "not an operator key", 404: "on its own port"}, validated=False
+        ),
     },
     tags=["health"],
     summary="Prometheus metrics",
 )
-def metrics(context: Context) -> Response:
-    """Prometheus exposition: queue state read from Redis, plus this process's own metrics."""
+def metrics(context: Context, request: Request) -> Response:
+    """Prometheus exposition: queue state read from Redis, plus this process's own metrics.
+
+    Open unless configured otherwise: operator keys only (`TIDEGATE_METRICS_AUTH=operator`), or
+    served on a port of its own (`TIDEGATE_METRICS_PORT`). The key is read from the header here, not
+    declared as the route's security, because by default a scrape needs none."""
+    check_metrics_access(context.settings, context.authenticator, request.headers.get("authorization"))
     body, content_type = render(context.registry)
     return Response(content=body, media_type=content_type)

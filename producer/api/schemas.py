@@ -145,6 +145,10 @@ class TicketView(BaseModel):
     usage: dict[str, Any] | None
     created_at: float
     expires_at: float
+    deadline: float | None = Field(
+        default=None,
+        description="Unix time the answer is due: the type's SLO or the caller's sooner deadline",
+    )
     started_at: float | None
     first_token_at: float | None
     finished_at: float | None
@@ -169,6 +173,7 @@ class TicketView(BaseModel):
             usage=ticket.usage,
             created_at=ticket.created_at,
             expires_at=ticket.expires_at,
+            deadline=ticket.deadline,
             started_at=ticket.started_at,
             first_token_at=ticket.first_token_at,
             finished_at=ticket.finished_at,
@@ -292,6 +297,15 @@ class BreakerSummary(BaseModel):
     model: str
     version: str
     fallback: str = Field(description="a fallback's pairing: matched, mismatched, unknown (else empty)")
+    since: float | None = Field(
+        default=None, description="Unix time the level or phase last changed (None: never tripped)"
+    )
+    error_rates: dict[str, float] = Field(
+        default_factory=dict, description="error rate (0..1) per window now: instant, sustained, deep"
+    )
+    requests: dict[str, int] = Field(
+        default_factory=dict, description="requests counted per window now: instant, sustained, deep"
+    )
 
 
 class RolloutArmView(BaseModel):
@@ -356,6 +370,19 @@ class ModeBody(BaseModel):
 class ModeView(BaseModel):
     mode: Mode
     previous: Mode
+
+
+class AuditEntryView(BaseModel):
+    time: float = Field(description="when, in seconds since the epoch")
+    actor: str = Field(description="who: `key:<id> (<name>)` over HTTP, the OS user or --actor otherwise")
+    action: str = Field(description="mode.set, key.create, key.revoke, key.rotate_secret, rollout.<step>")
+    target: str = Field(description="the queue, a key's id, a branch or a rollout's id")
+    before: Any = None
+    after: Any = None
+
+
+class AuditView(BaseModel):
+    entries: list[AuditEntryView] = Field(description="newest first")
 
 
 class LiveView(BaseModel):

@@ -13,7 +13,7 @@ batch order, so a later ticket sees the earlier ones (its fair share, its turn, 
 
 KEYS[1] pending zset            {q}:pending
 KEYS[2] deadlines zset          {q}:deadlines
-KEYS[3] counts hash             {q}:counts
+KEYS[3] counts hash             {q}:counts   ("<type>:submitted", ":rejected", ":shed:<code>")
 KEYS[4] wake list               {q}:wake
 KEYS[5] delayed zset            {q}:delayed
 KEYS[6] ticket hash prefix      {q}:t:      (ids are the caller's; the prefix carries the queue's
@@ -22,7 +22,8 @@ KEYS[7] idempotency prefix      {q}:idem:   (+ "<branch>:<key>")
 KEYS[8] shed counts of the minute {q}:sheds:<minute>  ("<type>:<code>" → count; lives ARGV[3])
 KEYS[9..8+n] waiting zset of each type, in the order of the type names below
 KEYS[9+n..8+2n] branch depth hash of each type, same order
-KEYS[9+2n..8+3n] branch service zset of each type, same order (lib/fairness.lua)
+KEYS[9+2n] monitor state hash   {q}:monitor  (its service rate, for the deadline rule)
+KEYS[10+2n..9+3n] branch service zset of each type, same order as the waiting zsets (lib/fairness.lua)
 
 ARGV[1] created_at of every ticket of the batch (Unix seconds)
 ARGV[2] seconds an accepted ticket's idempotency key lives (its longest retention)
@@ -45,17 +46,26 @@ of equal priority are served in turn instead of a flood first. A queued ticket i
 under its branch, and a branch that starts waiting has its service lifted (lib/fairness.lua), for
 the claim's token-weighted choice between branches.
 
+Deadlines (lib/deadline.lua): a ticket's fields carry its `deadline`, its type's `slo_seconds`,
+`admit_late` ("1": never refused by this rule) and `ahead_types` (the types served before it). A retry under the idempotency key of a shed
+try keeps that try's `first_seen_at`, so the SLO counts from the first submission. A ticket that
+would pass every other rule but cannot start before its deadline is recorded rejected with code
+deadline_unreachable and a Retry-After from the estimate.
+
 Returns one flat list, four values per ticket in batch order: "queued", id, "", "" |
-"existing", id of the earlier ticket, "", "" | "rejected", id, code, words.
+"existing", id of the earlier ticket, "", "" | "rejected", id, code, words (for
+deadline_unreachable: the Retry-After seconds of the estimate, the words being left to the caller).
 ]]
 -- @include tickets
+-- @include deadline
 -- @include fairness
 
 local created = ARGV[1]
 local ntypes = tonumber(ARGV[5])
 local waiting = waiting_keys(9, 6, ntypes)
 local depths = waiting_keys(9 + ntypes, 6, ntypes)
-local services = waiting_keys(9 + 2 * ntypes, 6, ntypes)
+local monitor_key = KEYS[9 + 2 * ntypes]
+local services = waiting_keys(10 + 2 * ntypes, 6, ntypes)
 local caps, cap_words = {}, {}
 for i = 0, ntypes - 1 do
   caps[ARGV[6 + i]] = tonumber(ARGV[6 + ntypes + i])
@@ -109,6 +119,7 @@ for i = 1, #starts do
   local ticket_key = KEYS[6] .. id
   local idem_key = idem ~= '' and (KEYS[7] .. branch .. ':' .. idem) or nil
   local done = false
+  local first_seen = tonumber(created)
   if idem_key then
     local existing = redis.call('GET', idem_key)
     if existing then
@@ -120,22 +131,35 @@ for i = 1, #starts do
         -- An earlier try of this submission was shed: this one takes over its id and record.
         id = existing
         ticket_key = KEYS[6] .. existing
+        first_seen = math.min(first_seen, first_sighting(ticket_key) or first_seen)
         redis.call('DEL', ticket_key)
       end
     end
   end
   if not done then
     bump(submitted, ticket_type)
-    local code, words = ARGV[at + 8], ARGV[at + 9]
+    local code, words, retry_after = ARGV[at + 8], ARGV[at + 9], ARGV[at + 10]
     local held, branches = 0, 1
     if code == '' then
       held, branches = branch_standing(depths[ticket_type], branch)
       code, words = fair_share_verdict(waiting[ticket_type], held, branches, caps[ticket_type],
         cap_words[ticket_type])
     end
+    local deadline = carried_deadline(fields_at, fields_end, first_seen)
+    if code == '' then
+      local late = deadline_refusal(KEYS[1], monitor_key, score, tonumber(created), deadline,
+        pair_value(fields_at, fields_end, 'admit_late') == '1', pair_value(fields_at, fields_end, 'ahead_types'))
+      if late then
+        retry_after = string.format('%.1f', late)
+        code, words = 'deadline_unreachable', retry_after
+      end
+    end
     if code ~= '' then
       redis.call('HSET', ticket_key, 'id', id, 'status', 'rejected', 'shed_code', code,
-        'retry_after', ARGV[at + 10], unpack(ARGV, fields_at, lean_end))
+        'retry_after', retry_after, unpack(ARGV, fields_at, lean_end))
+      if first_seen < tonumber(created) then  -- lean: only a retry's record needs its first sighting
+        redis.call('HSET', ticket_key, 'first_seen_at', string.format('%.17g', first_seen))
+      end
       redis.call('EXPIRE', ticket_key, ARGV[3])
       if idem_key then redis.call('SET', idem_key, id, 'EX', ARGV[3]) end
       bump(rejected, ticket_type)
@@ -148,6 +172,8 @@ for i = 1, #starts do
       end
       redis.call('HSET', ticket_key, 'id', id, 'status', 'queued', 'score', score,
         unpack(ARGV, fields_at, fields_end))
+      redis.call('HSET', ticket_key, 'first_seen_at', string.format('%.17g', first_seen))
+      if deadline then redis.call('HSET', ticket_key, 'deadline', string.format('%.17g', deadline)) end
       if deferred then
         redis.call('ZADD', KEYS[5], ARGV[at + 7], id)
       else
@@ -168,7 +194,12 @@ end
 for name, n in pairs(submitted) do redis.call('HINCRBY', KEYS[3], name .. ':submitted', n) end
 for name, n in pairs(rejected) do redis.call('HINCRBY', KEYS[3], name .. ':rejected', n) end
 if next(shed) then
-  for name, n in pairs(shed) do redis.call('HINCRBY', KEYS[8], name, n) end
+  for name, n in pairs(shed) do
+    redis.call('HINCRBY', KEYS[8], name, n)
+    -- For good too, per type and code (shared/class_counts.py): "<type>:shed:<code>".
+    local ticket_type, code = string.match(name, '^(.*):([^:]*)$')
+    redis.call('HINCRBY', KEYS[3], ticket_type .. ':shed:' .. code, n)
+  end
   redis.call('EXPIRE', KEYS[8], ARGV[3])
 end
 if queued > 0 then wake_workers(KEYS[4], queued, tonumber(ARGV[4])) end

@@ -10,6 +10,7 @@ import click
 import pytest
 from rq.cli.cli import main as rq_cli
 from rq.utils import import_attribute
+from typer.testing import CliRunner
 
 from ops.monitor.dispatch import ACTIONS_QUEUE, CALLBACKS_QUEUE
 from shared.rq_logs import JsonLogWorker
@@ -21,6 +22,7 @@ from tests.deploy.deploy_files import (
     load_yaml_documents,
 )
 from tidegate.cli import COMMANDS, load_command
+from tidegate.cli import app as cli_app
 
 TIDEGATE_IMAGE = "${TIDEGATE_IMAGE:-tidegate:latest}"
 
@@ -112,3 +114,11 @@ def test_a_wrong_flag_is_rejected() -> None:
         worker.make_context("worker", ["--gpu", "0", "--vllm-ur", "http://vllm:8000"])
     with pytest.raises(Exception, match="valid integer"):
         worker.make_context("worker", ["--gpu", "zero"])
+
+
+def test_version_prints_the_installed_version() -> None:
+    from importlib.metadata import version
+
+    result = CliRunner().invoke(cli_app, ["--version"])
+    assert result.exit_code == 0
+    assert result.stdout.strip() == f"tidegate {version('tidegate')}"

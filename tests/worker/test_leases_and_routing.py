@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from redis import Redis
@@ -14,7 +16,8 @@ from ops.lab.sim.process import SimulatorProcess
 from shared.models import TicketRequest, TicketStatus
 from shared.policy import Policy
 from shared.queue import EnqueueOptions, TicketQueue
-from tests.worker.conftest import RunningWorker, wait_for
+from tests.waiting import wait_until
+from tests.worker.conftest import RunningWorker
 from worker.execution import capped_max_tokens
 from worker.inflight import AbortReason, InFlight, RunningTicket
 from worker.leases import LeaseKeeper
@@ -38,7 +41,7 @@ def test_a_worker_whose_lease_was_taken_over_cannot_write(
     fast_queue.enqueue(request(fast_policy))
     (first,) = fast_queue.claim("slow", 1, lease_seconds=0.05)
     stalled = RunningTicket(first.ticket, first.token, gpu=0)
-    wait_for(
+    wait_until(
         lambda: fast_queue.reap("test", 0.01).requeued == 1, 5, "the reaper to take the lapsed lease back"
     )
     (second,) = fast_queue.claim("fast", 1)
@@ -56,6 +59,45 @@ def test_a_worker_whose_lease_was_taken_over_cannot_write(
     ticket = fast_queue.get(first.ticket.id)
     assert ticket is not None and ticket.status is TicketStatus.DONE and ticket.result == "on time"
     assert fast_queue.stats().outcome_count("complaint", "done") == 1
+
+
+def test_an_answer_to_a_cancelled_ticket_is_dropped_quietly(
+    fast_queue: TicketQueue, fast_policy: Policy, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A cancel is the branch's choice, not a fault: no warning, whether the cancel reached the
+    request (its abort says so) or came as the answer was finishing (only the ticket says so)."""
+    caplog.set_level(logging.INFO, logger="worker.result_writer")
+    for aborted in (True, False):
+        fast_queue.enqueue(request(fast_policy))
+        (claimed,) = fast_queue.claim("w", 1)
+        running = RunningTicket(claimed.ticket, claimed.token, gpu=0)
+        assert fast_queue.cancel(running.id) == "running"
+        if aborted:
+            running.handle.abort(AbortReason.CANCELLED)
+        caplog.clear()
+        assert not ResultWriter(fast_queue, "w").done(running, answer("unwanted"))
+        assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+            (
+                logging.INFO,
+                f"ticket {running.id}: cancelled by its branch while running; its answer is not stored",
+            )
+        ]
+        ticket = fast_queue.get(running.id)
+        assert ticket is not None and ticket.status is TicketStatus.CANCELLED and ticket.result is None
+
+
+def test_an_answer_after_a_takeover_still_warns(
+    fast_queue: TicketQueue, fast_policy: Policy, caplog: pytest.LogCaptureFixture
+) -> None:
+    fast_queue.enqueue(request(fast_policy))
+    (first,) = fast_queue.claim("slow", 1, lease_seconds=0.05)
+    wait_until(lambda: fast_queue.reap("test", 0.01).requeued == 1, 5, "the reaper to take the lease back")
+    with caplog.at_level(logging.INFO, logger="worker.result_writer"):
+        assert not ResultWriter(fast_queue, "slow").done(
+            RunningTicket(first.ticket, first.token, 0), answer("x")
+        )
+    assert [r.levelno for r in caplog.records] == [logging.WARNING]
+    assert "lease lost before its answer was written" in caplog.records[0].getMessage()
 
 
 @contextmanager
@@ -84,7 +126,7 @@ def test_renewal_keeps_a_long_ticket_and_cancel_is_seen(fast_queue: TicketQueue,
             )
             time.sleep(0.1)
         assert fast_queue.cancel(running.id) == "running"
-        wait_for(lambda: running.handle.reason == AbortReason.CANCELLED, 2, "the keeper to see the cancel")
+        wait_until(lambda: running.handle.reason == AbortReason.CANCELLED, 2, "the keeper to see the cancel")
 
 
 def test_degraded_service_caps_max_tokens(fast_queue: TicketQueue, fast_policy: Policy) -> None:
@@ -107,7 +149,7 @@ def test_fallback_route_goes_to_the_fallback_vllm_and_metrics_are_exported(
     routed = fast_queue.enqueue(request(fast_policy), EnqueueOptions(route="fallback")).ticket_id
     direct = fast_queue.enqueue(request(fast_policy)).ticket_id
     running = start_worker(primary.base_url, fallback_vllm_url=fallback.base_url)
-    tickets = wait_for(
+    tickets = wait_until(
         lambda: (
             (ts := fast_queue.get_many([routed, direct])) and all(t and t.status.terminal for t in ts) and ts
         ),
@@ -137,5 +179,5 @@ def test_a_long_lease_still_sees_a_cancel_within_a_second(
     with kept_lease(fast_queue, fast_policy, 30) as running:
         assert fast_queue.cancel(running.id) == "running"
         cancelled_at = time.monotonic()
-        wait_for(lambda: running.handle.reason == AbortReason.CANCELLED, 5, "the keeper to see the cancel")
+        wait_until(lambda: running.handle.reason == AbortReason.CANCELLED, 5, "the keeper to see the cancel")
         assert time.monotonic() - cancelled_at < 3.0  # a third of the lease would be 10 s

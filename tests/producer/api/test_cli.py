@@ -48,6 +48,13 @@ def test_keys_create_list_revoke(env: dict[str, str]) -> None:
     assert code == 0 and rotated.startswith("whsec_") and rotated != created["callback_secret"]
     assert _keys(env, "rotate-secret", "--branch", "04 12")[0] == 2
 
+    code, out, _ = _keys(env, "create", "--branch", "0414", "--default-type", "archive_query", "--json")
+    typed = json.loads(out)
+    assert code == 0 and typed["default_type"] == "archive_query"
+    code, out, _ = _keys({**env, "COLUMNS": "200"}, "list")  # wide enough for one line per key
+    (row,) = [line for line in out.splitlines() if typed["key_id"] in line]
+    assert code == 0 and "default type" in out and "archive_query" in row
+
     code, out, _ = _keys(env, "revoke", created["key_id"], "--json")
     assert code == 0
     assert json.loads(out)["revoked"] is True

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -72,3 +75,16 @@ def test_unknown_ticket_and_missing_flags(run_cli: RunCli) -> None:
     assert missing.returncode == 2 and "no ticket 'nope'" in missing.stderr
     no_flags = run_cli("enqueue")
     assert no_flags.returncode == 2 and "missing --type, --branch, --prompt" in no_flags.stderr
+
+
+def test_status_takes_the_redis_url_as_api_does(run_cli: RunCli, redis_url: str, queue_name: str) -> None:
+    """`--redis-url` wins over the environment (here a port where nothing answers)."""
+    env = {**os.environ, "TIDEGATE_REDIS_URL": "redis://127.0.0.1:1/0", "TIDEGATE_QUEUE_NAME": queue_name}
+    command = [sys.executable, "-c", "from tidegate.cli import main; main()", "status", "--json"]
+    without = subprocess.run(command, capture_output=True, text=True, env=env, timeout=60)
+    assert without.returncode == 1 and "Redis" in without.stderr
+    found = subprocess.run(
+        [*command, "--redis-url", redis_url], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert found.returncode == 0, found.stderr
+    assert json.loads(found.stdout)["queue"] == queue_name
