@@ -18,7 +18,8 @@ from shared.control import read_events
 from shared.policy import BreakerPolicy, Policy
 from shared.queue import TicketQueue
 from shared.shed import ShedCode
-from tests.worker.conftest import RunningWorker, wait_for
+from tests.waiting import wait_until
+from tests.worker.conftest import RunningWorker
 from tests.worker.support import producer_for, submit_many, wait_all_done
 from worker.config import WorkerConfig
 from worker.worker import Worker
@@ -70,7 +71,7 @@ def test_an_endpoint_failing_the_second_queue_opens_its_breaker_not_the_firsts(
     try:
         _faults(sim, error_rate=1.0, error_status=503, extra_latency_s=0.3)
         held = submit_many(producer_for(second), 12, max_tokens=8)
-        wait_for(
+        wait_until(
             lambda: second_store.read(endpoint).phase(time.time()) is Phase.OPEN,
             10,
             "the second queue's circuit to open",

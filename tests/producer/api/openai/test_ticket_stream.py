@@ -15,7 +15,8 @@ from redis import Redis
 from ops.lab.sim.process import SimulatorProcess
 from shared.models import TicketStatus
 from tests.producer.api.openai.conftest import Gateway
-from tests.worker.conftest import RunningWorker, wait_for
+from tests.waiting import wait_until
+from tests.worker.conftest import RunningWorker
 
 LIVE_TICKET = {
     "type": "complaint",
@@ -94,7 +95,7 @@ def _wait_done(client: httpx.Client, ticket_id: str) -> dict[str, object]:
         got: dict[str, object] = client.get(f"/v1/tickets/{ticket_id}").json()
         return got if got["status"] in ended else None
 
-    result: dict[str, object] = wait_for(view, 30.0, f"ticket {ticket_id} to end")
+    result: dict[str, object] = wait_until(view, 30.0, f"ticket {ticket_id} to end")
     return result
 
 
