@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+KNOWN_QUEUES = "tidegate:known-queues"
+"""SET of the queue names workers have served: how an operator's `GET /v1/queues` finds every
+queue. The one key outside a queue's hash tag (a single-key set, legal on a Cluster)."""
+
 WAKE_LIST_CAP = 64
 """Most wake-up markers a queue's wake list holds: enough to wake every idle worker."""
 
@@ -52,6 +56,17 @@ class QueueKeys:
         """HASH branch → its queued tickets of one type (the fair share's measure); its length is
         the number of branches waiting for that type."""
         return self._key(f"branch-depth:{ticket_type}")
+
+    def branch_queue(self, ticket_type: str, branch: str) -> str:
+        """ZSET id → score of one branch's pending tickets of one type, in queue order: where the
+        claim finds the branch's next ticket (docs/fairness.md). Spelled in Lua as the branch depth
+        key plus `:<branch>` (lib/tickets.lua `branch_queue_key`), so it needs no KEYS of its own."""
+        return f"{self.branch_depth(ticket_type)}:{branch}"
+
+    def branch_service(self, ticket_type: str) -> str:
+        """ZSET branch → weighted tokens its claimed tickets of one type cost (the virtual token
+        counter), for the branches waiting; the claim serves the one with the least first."""
+        return self._key(f"branch-service:{ticket_type}")
 
     @property
     def ticket_prefix(self) -> str:

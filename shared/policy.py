@@ -250,6 +250,31 @@ class RolloutPolicy(_Strict):
     shadow_timeout_seconds: float = Field(default=120, gt=0)
 
 
+class FairnessPolicy(_Strict):
+    """Token-weighted fair share between branches (docs/fairness.md): a ticket's cost is
+    `input_weight` per prompt token plus `output_weight` per answer token it may write, divided
+    by its branch's weight, and within a priority band the branch served least so far goes next."""
+
+    input_weight: float = Field(default=1.0, gt=0, le=1000)
+    output_weight: float = Field(default=2.0, gt=0, le=1000)
+    branch_weights: dict[str, float] = Field(
+        default_factory=dict, description="branch id -> its share relative to others (default 1)"
+    )
+
+    @field_validator("branch_weights")
+    @classmethod
+    def _positive_weights(cls, weights: dict[str, float]) -> dict[str, float]:
+        for branch, weight in weights.items():
+            if not branch or not 0 < weight <= 1000:
+                raise ValueError(f"branch_weights[{branch!r}] = {weight!r}: a weight in (0, 1000]")
+        return weights
+
+    def cost_args(self) -> list[str | float]:
+        """The claim script's fairness arguments: the two weights, then each weighted branch."""
+        pairs = [v for branch, weight in sorted(self.branch_weights.items()) for v in (branch, weight)]
+        return [self.input_weight, self.output_weight, len(self.branch_weights), *pairs]
+
+
 class Policy(_Strict):
     queue: QueuePolicy = Field(default_factory=QueuePolicy)
     types: dict[str, TypePolicy]
@@ -260,6 +285,7 @@ class Policy(_Strict):
     breaker: BreakerPolicy = Field(default_factory=BreakerPolicy)
     models: ModelsPolicy = Field(default_factory=ModelsPolicy)
     rollout: RolloutPolicy = Field(default_factory=RolloutPolicy)
+    fairness: FairnessPolicy = Field(default_factory=FairnessPolicy)
 
     @model_validator(mode="after")
     def _has_types(self) -> Policy:

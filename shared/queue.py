@@ -246,6 +246,7 @@ class TicketQueue:
                 self.keys.ticket_prefix,
                 *[self.keys.waiting(t) for t in types],
                 *[self.keys.branch_depth(t) for t in types],
+                *[self.keys.branch_service(t) for t in types],
             ],
             args=[
                 repr(clock.now()),
@@ -261,6 +262,7 @@ class TicketQueue:
                 token_budget if normal_budget is None else min(normal_budget, token_budget),
                 max(normal_prompt_budget, 0),
                 "1" if normal_prompt_first_over else "0",
+                *self.policy.fairness.cost_args(),
                 *critical,
             ],
         )

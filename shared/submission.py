@@ -264,6 +264,7 @@ class Submission:
             *[self.keys.waiting(t) for t in types],
             *[self.keys.branch_depth(t) for t in types],
             self.keys.monitor_state,
+            *[self.keys.branch_service(t) for t in types],
         ]
         queue = self.policy.queue
         args: list[Any] = [

@@ -17,7 +17,7 @@ import pytest
 from redis import Redis
 
 from producer.producer import Producer
-from shared.keys import QueueKeys
+from shared.keys import KNOWN_QUEUES, QueueKeys
 from shared.policy import Policy, default_policy_text, load_policy
 from shared.queue import TicketQueue
 from tests.private_redis import private_redis
@@ -31,6 +31,7 @@ def delete_queue_keys(client: Redis, queue_name: str) -> None:
     batch = list(client.scan_iter(match=pattern, count=1000))
     for start in range(0, len(batch), 500):
         client.delete(*batch[start : start + 500])
+    client.srem(KNOWN_QUEUES, queue_name)
 
 
 @pytest.fixture(scope="session")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import redis
 
@@ -23,13 +24,13 @@ from shared import clock
 from shared.queue import ClaimedTicket
 from worker import telemetry
 from worker.batch_sizer import BatchSizer
-from worker.breaker_gate import BreakerGate, Gate
 from worker.deadlines import StartRule
 from worker.headroom import CriticalHeadroom
 from worker.inflight import InFlight, RunningTicket
 from worker.inflight_limit import InflightLimit
 from worker.preemption import Preemptor
-from worker.queue_set import Queues
+from worker.queue_endpoints import ClaimPlan, QueueEndpoints
+from worker.queue_set import Queues, QueueSet
 from worker.result_writer import ResultWriter
 from worker.vllm_health import VllmHealth
 
@@ -58,7 +59,7 @@ class ClaimLoop:
         burst: bool,
         limits: InflightLimit | None = None,
         preemptor: Preemptor | None = None,
-        breakers: BreakerGate | None = None,
+        endpoints: QueueEndpoints | None = None,
         start_rule: StartRule | None = None,
     ) -> None:
         self.queue = queue
@@ -77,9 +78,10 @@ class ClaimLoop:
         self.preemptor = preemptor
         self.critical = frozenset(queue.policy.critical_types)
         self.start_rule = start_rule
-        self.breakers = breakers
+        self.endpoints = endpoints
         self.claimed_total = 0
-        self._probe = False
+        self._probe: str | None = None
+        """The queue whose half-open probe this step holds."""
 
     def run(self) -> None:
         """Claim and start tickets until `stop` is set (or, in burst mode, the queue is drained)."""
@@ -97,33 +99,35 @@ class ClaimLoop:
         if pause > 0:
             self.stop.wait(min(pause, self.block_seconds))
             return False
-        self._probe = False
-        gate = self.breakers.claim_gate() if self.breakers is not None else (Gate.GO, 0.0)
-        if gate[0] is Gate.WAIT:
-            # The circuit is open: tickets stay queued (their TTL runs) instead of failing.
-            self.stop.wait(min(max(gate[1], 0.05), self.block_seconds))
+        self._probe = None
+        plan = self.endpoints.claim_plan() if self.endpoints is not None else ClaimPlan(())
+        if self.endpoints is not None and plan.waits:
+            # Every circuit is open: tickets stay queued (their TTL runs) instead of failing.
+            self.stop.wait(min(max(plan.wait_seconds, 0.05), self.block_seconds))
             return False
         running = self.inflight.count()
-        half_open = gate[0] is Gate.PROBE
-        limit = 1 if self.health.failing or half_open else self.limits.critical_limit
+        half_open = plan.probe is not None
+        only_probe = half_open and not plan.among
+        limit = 1 if self.health.failing or only_probe else self.limits.critical_limit
         free = limit - running
         if free <= 0:
-            self._wait_at_limit(preempt=not half_open and not self.health.failing)
+            self._wait_at_limit(preempt=not only_probe and not self.health.failing)
             return False
         budget = self.sizer.token_budget(self.inflight.reserved_tokens())
         if budget is not None and budget <= 0 and running > 0:
             # The KV cache is as full as a full batch: a waiting loan preempts here too.
-            self._wait_at_limit(preempt=not half_open and not self.health.failing)
+            self._wait_at_limit(preempt=not only_probe and not self.health.failing)
             return False
-        if half_open:
-            if self.breakers is None or not self.breakers.take_probe():
+        if plan.probe is not None and self.endpoints is not None:
+            if self.endpoints.take_probe(plan.probe):
+                self._probe = plan.probe
+            elif only_probe:
                 self.stop.wait(min(0.5, self.block_seconds))  # another worker is probing
                 return False
-            self._probe = True
         shares = self.limits.shares(limit, running, budget, self.inflight.prefill_tokens(self.critical))
-        claimed = self.queue.claim(
-            self.worker_id,
-            shares.count,
+        claimed = self._claim(
+            (self._probe,) if self._probe else plan.among,
+            1 if self._probe else shares.count,
             lease_seconds=self.lease_seconds,
             token_budget=shares.budget,
             take_first_over_budget=running == 0,
@@ -135,9 +139,16 @@ class ClaimLoop:
         if claimed:
             self._start_all(claimed)
             return False
-        if self._probe and self.breakers is not None:
-            self.breakers.release_probe()  # nothing to probe with: let the next claimer try
+        if self._probe and self.endpoints is not None:
+            self.endpoints.release_probe(self._probe)  # nothing to probe with: let the next claimer try
         return self._idle(running, budget)
+
+    def _claim(self, among: tuple[str, ...], count: int, **options: Any) -> list[ClaimedTicket]:
+        """Claim up to `count`, from the queues `among` when several are served (without
+        breakers, from every queue)."""
+        if isinstance(self.queue, QueueSet) and self.endpoints is not None:
+            return self.queue.claim(self.worker_id, count, among=among, **options)
+        return self.queue.claim(self.worker_id, count, **options)
 
     def _wait_at_limit(self, *, preempt: bool) -> None:
         """No room (no free slot, or no KV budget for the head): wait for a departure, preempting
@@ -159,7 +170,7 @@ class ClaimLoop:
                 item.ticket,
                 item.token,
                 self.gpu,
-                probe=self._probe,
+                probe=self._probe is not None,
                 healthy=not self._probe and not self.health.failing,
             )
             if not self.inflight.add(running):

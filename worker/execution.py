@@ -17,15 +17,15 @@ from shared import tracing
 from shared.logs import ticket_fields
 from shared.policy import Policy
 from worker import telemetry
-from worker.breaker_gate import BreakerGate
 from worker.inflight import AbortReason, InFlight, RunningTicket
 from worker.inflight_limit import InflightLimit
 from worker.latency_guard import LatencyGuard
 from worker.live_publisher import LivePublisher
 from worker.preemption import Preemptor
+from worker.queue_endpoints import QueueEndpoints
 from worker.queue_set import QueueSet
 from worker.result_writer import ResultWriter
-from worker.rollout_routing import ArmClient, RolloutRouter
+from worker.rollout_routing import ArmClient
 from worker.vllm_client import RequestAborted, VllmClient, VllmError
 from worker.vllm_health import VllmHealth
 
@@ -61,8 +61,8 @@ class Executor:
     degraded: bool = False
     """Set by the housekeeping thread from the monitor's published state."""
     latency_guard: LatencyGuard | None = None
-    breakers: BreakerGate | None = None
-    rollout: RolloutRouter | None = None
+    endpoints: QueueEndpoints | None = None
+    """Each served queue's breakers and rollout routing: a ticket uses its own queue's."""
     limits: InflightLimit | None = None
     """Fed each primary answer's latency (the adaptive limit)."""
     preemptor: Preemptor | None = None
@@ -71,23 +71,21 @@ class Executor:
         """The endpoint of this attempt, chosen once: it finishes there whatever changes meanwhile.
         A breaker probe always goes to the primary; otherwise a rollout may route to its candidate."""
         routed = running.ticket.route == "fallback"
-        if self.breakers is not None:
-            chosen = self.breakers.client_for(routed, running.probe)
-        elif routed and self.fallback is not None:
-            chosen = self.fallback
-        else:
-            chosen = self.primary
-        if self.rollout is not None and not running.probe:
-            return self.rollout.client_for(running.ticket, chosen, self.primary)
+        if self.endpoints is None:
+            return self.fallback if routed and self.fallback is not None else self.primary
+        endpoint = self.endpoints.of_ticket(running.id)
+        chosen = endpoint.breakers.client_for(routed, running.probe)
+        if not running.probe:
+            return endpoint.rollout.client_for(running.ticket, chosen, self.primary)
         return chosen
 
     def _record(self, client: VllmClient | ArmClient, running: RunningTicket, ok: bool) -> None:
-        if self.breakers is None:
+        if self.endpoints is None:
             return
         endpoint = client.answered_by if isinstance(client, ArmClient) else client
         probe = running.probe or (isinstance(client, ArmClient) and client.probe)
         try:
-            self.breakers.record(endpoint, ok, probe=probe)
+            self.endpoints.of_ticket(running.id).breakers.record(endpoint, ok, probe=probe)
         except redis.RedisError as exc:  # the answer still counts; only the breaker misses one sample
             log.warning("breaker: could not count an outcome of %s (%s)", client.base_url, exc)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from redis import Redis
@@ -80,17 +80,20 @@ class QueueSet:
         normal_budget: int | None = None,
         normal_prompt_budget: int = 0,
         normal_prompt_first_over: bool = True,
+        among: Collection[str] | None = None,
     ) -> list[ClaimedTicket]:
         """Claim in queue order within one count and budget (and the prefill guard's prompt
         budget); a later queue only once the earlier ones have nothing ready, so a ticket of an
-        earlier queue is never passed over."""
+        earlier queue is never passed over. `among` names the queues to claim from (those whose
+        circuit lets claims through); the others are passed over as if empty."""
         out: list[ClaimedTicket] = []
         count, budget = max_count, token_budget
         normal_left = max_count if normal_count is None else normal_count
         normal_tokens = token_budget if normal_budget is None else normal_budget
         prompts, first_over = normal_prompt_budget, normal_prompt_first_over
-        for index, queue in enumerate(self.queues):
-            if index > 0 and (count < 1 or queue_has_ready(self.queues[index - 1])):
+        serving = [q for q in self.queues if among is None or q.keys.queue in among]
+        for index, queue in enumerate(serving):
+            if index > 0 and (count < 1 or queue_has_ready(serving[index - 1])):
                 break
             got = queue.claim(
                 worker_id,

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from redis import Redis
 
 from shared import clock
-from shared.keys import QueueKeys
+from shared.keys import KNOWN_QUEUES, QueueKeys
 from shared.live_workers import WorkerView, read_live_workers
 
 MISSED_HEARTBEATS = 3
@@ -31,6 +31,7 @@ class WorkerRegistry:
         self.keys = keys
         self.worker_id = worker_id
         self.ttl_seconds = heartbeat_seconds * MISSED_HEARTBEATS
+        self._listed = False
 
     def heartbeat(self, info: Mapping[str, str | int | float | None]) -> None:
         now = clock.now()
@@ -49,6 +50,9 @@ class WorkerRegistry:
         # Dead workers' entries are pruned by whoever is alive, so the set never grows unbounded.
         pipe.zremrangebyscore(self.keys.workers, "-inf", now - self.ttl_seconds)
         pipe.execute()
+        if not self._listed:  # its own command: the set is in another Cluster slot than the queue
+            self.redis.sadd(KNOWN_QUEUES, self.keys.queue)
+            self._listed = True
 
     def deregister(self) -> None:
         pipe = self.redis.pipeline(transaction=True)

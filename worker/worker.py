@@ -43,6 +43,7 @@ from worker.inflight_limit import InflightLimit, adaptive_limiter
 from worker.latency_guard import LatencyGuard
 from worker.leases import LeaseKeeper
 from worker.preemption import Preemptor
+from worker.queue_endpoints import QueueEndpoint, QueueEndpoints
 from worker.queue_set import Queues, QueueSet, RegistrySet
 from worker.registry import WorkerRegistry
 from worker.result_writer import ResultWriter
@@ -114,7 +115,7 @@ class Worker:
             policy.queue.lease_seconds if config.lease_seconds is None else config.lease_seconds
         )
         self.queue = TicketQueue(redis, policy, config.queue_name, replica_acks=config.replica_acks)
-        """The first queue served: its keys hold this worker's breakers and rollout."""
+        """The first queue served (each queue's keys hold its own breakers and rollout)."""
         self.queues: Queues = self.queue
         if len(config.queue_names) > 1:
             self.queues = QueueSet(
@@ -133,13 +134,11 @@ class Worker:
             VllmClient(url, pool_size=config.max_batch) for url in fallback_urls(config.fallback_vllm_url)
         ]
         self.fallback = self.fallbacks[0] if self.fallbacks else None
-        self.breakers = BreakerGate(
-            BreakerStore(redis, self.queue.keys, policy.breaker), policy, self.primary, self.fallbacks
-        )
+        self.endpoints = self._endpoints(redis)
+        self.breakers = self.endpoints.first.breakers
+        """The first queue's breakers (each queue's are in `endpoints`)."""
+        self.rollout = self.endpoints.first.rollout
         self.writer = ResultWriter(self.queues, config.worker_id)
-        self.rollout = RolloutRouter(
-            redis, self.queue.keys, policy, pool_size=config.max_batch, breakers=self.breakers
-        )
         headroom = CriticalHeadroom(share=config.critical_headroom)
         self.latency_guard = _latency_guard(config, policy, headroom)
         self.limits = _limits(config, self.sizer, headroom, self.latency_guard)
@@ -163,8 +162,7 @@ class Worker:
             writer=self.writer,
             inflight=self.inflight,
             latency_guard=self.latency_guard,
-            breakers=self.breakers,
-            rollout=self.rollout,
+            endpoints=self.endpoints,
             limits=self.limits,
             preemptor=self.preemptor,
         )
@@ -179,6 +177,19 @@ class Worker:
         self.housekeeping = self._housekeeping(gpu_provider)
         self.started_at = clock.now()
         self.draining = False
+
+    def _endpoints(self, redis: Redis) -> QueueEndpoints:
+        """A breaker gate and a rollout router per served queue, in that queue's keys."""
+        served = self.queues.queues if isinstance(self.queues, QueueSet) else [self.queue]
+        views = []
+        for queue in served:
+            store = BreakerStore(redis, queue.keys, self.policy.breaker)
+            gate = BreakerGate(store, self.policy, self.primary, self.fallbacks)
+            router = RolloutRouter(
+                redis, queue.keys, self.policy, pool_size=self.config.max_batch, breakers=gate
+            )
+            views.append(QueueEndpoint(queue, gate, router))
+        return QueueEndpoints(self.queues, views)
 
     def _claim_loop(self) -> ClaimLoop:
         return ClaimLoop(
@@ -196,7 +207,7 @@ class Worker:
             burst=self.config.burst,
             limits=self.limits,
             preemptor=self.preemptor,
-            breakers=self.breakers,
+            endpoints=self.endpoints,
             start_rule=StartRule(frozenset(self.policy.critical_types), self.config.deadline_service_seconds),
         )
 
@@ -216,7 +227,7 @@ class Worker:
             on_degraded=self._set_degraded,
             latency_guard=self.latency_guard,
             limits=self.limits,
-            pair_fallbacks=self.breakers.pair,
+            pair_fallbacks=self.endpoints.pair,
         )
 
     # ---- lifecycle ----------------------------------------------------------------------------
@@ -246,7 +257,7 @@ class Worker:
         )
         self.housekeeping.resize()
         self.housekeeping.heartbeat()
-        self.housekeeping.guarded("fallback pairing", self.breakers.pair)
+        self.housekeeping.guarded("fallback pairing", self.endpoints.pair)
         self.leases.start()
         self.housekeeping.start()
         claimer = threading.Thread(target=self._claim_then_signal, name="claim-loop", daemon=True)
@@ -290,7 +301,7 @@ class Worker:
             self.registry.deregister()
         except Exception as exc:  # Redis gone: the heartbeat TTL removes us anyway
             log.warning("could not leave the registry (%s); the heartbeat TTL will", exc)
-        self.rollout.close()
+        self.endpoints.close()
         self.queues.close()
         self.primary.close()
         for fallback in self.fallbacks:

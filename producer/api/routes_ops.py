@@ -27,9 +27,12 @@ from producer.api.schemas import (
     WorkersView,
 )
 from shared.audit import AUDIT_MAXLEN, read_audit
+from shared.breaker_store import BreakerStore, BreakerView
 from shared.control import read_control_state, set_mode
+from shared.keys import KNOWN_QUEUES
 from shared.live_workers import read_live_workers
 from shared.metrics import render
+from shared.queue import TicketQueue
 from shared.rollout_report import rollout_summary
 
 router = APIRouter()
@@ -43,13 +46,35 @@ router = APIRouter()
     summary="Queue depth per type, alarm level, mode and workers",
 )
 def read_queues(context: Context, principal: Caller) -> QueuesView:
-    """Depth per type, alarm level, mode and workers; worker details for operator keys."""
-    queue = context.producer.queue
+    """Depth per type, alarm level, mode and workers; for operator keys worker details and every
+    queue known to this Redis (each with the same view)."""
+    own = context.producer.queue
+    own_breakers = context.producer.admission.breakers.views()
+    view = _queue_view(context, own, own_breakers, principal.is_operator)
+    if principal.is_operator:
+        names = {str(n) for n in cast("set[str]", context.redis.smembers(KNOWN_QUEUES))}
+        view.queues = [
+            view.model_copy()
+            if name == own.keys.queue
+            else _queue_view(
+                context,
+                queue := TicketQueue(context.redis, context.policy, name),
+                BreakerStore(context.redis, queue.keys, context.policy.breaker).views(),
+                operator=True,
+            )
+            for name in sorted(names | {own.keys.queue})
+        ]
+    return view
+
+
+def _queue_view(
+    context: Context, queue: TicketQueue, breakers: list[BreakerView], operator: bool
+) -> QueuesView:
     stats = queue.stats()
     state, _ = read_control_state(context.redis, queue.keys, context.policy.alarms)
     workers = read_live_workers(context.redis, queue.keys)
     details = None
-    if principal.is_operator:
+    if operator:
         details = [
             WorkerSummary(
                 worker_id=w.worker_id,
@@ -63,7 +88,7 @@ def read_queues(context: Context, principal: Caller) -> QueuesView:
             for w in workers
         ]
     return QueuesView(
-        queue=context.settings.queue_name,
+        queue=queue.keys.queue,
         level=cast("AlarmLabel", state.level.label),
         level_since=state.level_since,
         mode=state.mode,
@@ -79,13 +104,13 @@ def read_queues(context: Context, principal: Caller) -> QueuesView:
             for name, type_policy in context.policy.types.items()
         },
         workers=WorkersView(alive=len(workers), desired=state.desired_workers, details=details),
-        breakers=[BreakerSummary(**view.as_dict()) for view in context.producer.admission.breakers.views()],
-        rollout=_rollout_view(context, principal.is_operator),
+        breakers=[BreakerSummary(**view.as_dict()) for view in breakers],
+        rollout=_rollout_view(context, queue, operator),
     )
 
 
-def _rollout_view(context: Context, operator: bool) -> RolloutView | None:
-    summary = rollout_summary(context.redis, context.producer.queue.keys)
+def _rollout_view(context: Context, queue: TicketQueue, operator: bool) -> RolloutView | None:
+    summary = rollout_summary(context.redis, queue.keys)
     if summary is None:
         return None
     if not operator:

@@ -354,6 +354,11 @@ class QueuesView(BaseModel):
     workers: WorkersView
     breakers: list[BreakerSummary] = Field(default_factory=list)
     rollout: RolloutView | None = Field(default=None, description="the model rollout, if one was started")
+    queues: list[QueuesView] | None = Field(
+        default=None,
+        description="operator keys: every queue workers have served (this one included), each as "
+        "this view; absent for branch keys",
+    )
 
 
 class ModeBody(BaseModel):

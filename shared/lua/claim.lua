@@ -9,6 +9,9 @@ so a loan arriving at a busy worker still finds a slot without any ticket overta
 The prefill guard bounds the prompt tokens of non-critical tickets the claim may take, so a burst of
 long prompts cannot fill every engine step with prefill (the first one may exceed it when the worker
 has no such prompt still in prefill, so one long prompt is never held back for ever).
+Fair share: within the band of the queue's head (its type and priority), the ticket taken is the
+first of the waiting branch whose weighted tokens claimed so far are least (lib/fairness.lua), and
+each claimed ticket's weighted tokens are counted to its branch.
 
 KEYS[1] pending zset            {q}:pending
 KEYS[2] delayed zset            {q}:delayed
@@ -21,6 +24,7 @@ KEYS[8] ticket hash prefix      {q}:t:   (ids are unknown until popped; the pref
                                           queue's hash tag, so every key stays on one slot)
 KEYS[9..8+n] waiting zset of each type, in the order of ARGV[9..]
 KEYS[9+n..8+2n] branch depth hash of each type, same order
+KEYS[9+2n..8+3n] branch service zset of each type, same order
 
 ARGV[1] now (Unix seconds)
 ARGV[2] most tickets to claim
@@ -35,13 +39,18 @@ ARGV[9+n] most tickets of non-critical types in this claim (≤ ARGV[2])
 ARGV[10+n] token budget of non-critical types (≤ ARGV[5]; ignored when ARGV[5] is 0)
 ARGV[11+n] prompt tokens of non-critical types this claim may take; 0 = no bound
 ARGV[12+n] "1" = the first non-critical ticket may exceed ARGV[11+n] (none is in prefill)
-ARGV[13+n..] names of the critical types, which may use the whole count and budget
+ARGV[13+n], ARGV[14+n] weight of a prompt token, of an answer token (max_tokens is charged)
+ARGV[15+n] m, then m pairs: branch, its weight (branches not named weigh 1)
+ARGV[16+n+2m..] names of the critical types, which may use the whole count and budget
 
 Returns {claimed, expired}: claimed is a list of flat HGETALL arrays of the leased tickets (each
 carrying its new `token`); expired counts tickets ended because their TTL passed.
 ]]
 -- @include tickets
+-- @include fairness
 
+local FIELDS = {'status', 'type', 'expires_at', 'prompt_tokens_estimate', 'max_tokens', 'branch_id',
+  'attempts', 'priority'}
 local now = tonumber(ARGV[1])
 local limit = tonumber(ARGV[2])
 local lease = tonumber(ARGV[3])
@@ -51,16 +60,18 @@ local prefix = KEYS[8]
 local ntypes = tonumber(ARGV[8])
 local waiting = waiting_keys(9, 9, ntypes)
 local depths = waiting_keys(9 + ntypes, 9, ntypes)
+local services = waiting_keys(9 + 2 * ntypes, 9, ntypes)
 local normal_limit = tonumber(ARGV[9 + ntypes])
 local normal_budget = tonumber(ARGV[10 + ntypes])
 local prompt_budget = tonumber(ARGV[11 + ntypes])
 local prompt_first_over = ARGV[12 + ntypes] == '1'
+local w_in, w_out, weights, critical_at = fairness_weights(13 + ntypes)
 local critical = {}
-for i = 13 + ntypes, #ARGV do
+for i = critical_at, #ARGV do
   critical[ARGV[i]] = true
 end
 
-promote_due(KEYS[2], KEYS[1], prefix, now, 1000)
+index_promoted(promote_due(KEYS[2], KEYS[1], prefix, now, 1000), prefix, depths)
 
 local claimed = {}
 local expired = 0
@@ -71,6 +82,17 @@ local scanned = 0
 -- The head of the queue, read a window at a time: every id read is taken, ended or dropped below
 -- before the next, so the window stays the head while the claim runs.
 local window, next_in_window = {}, 1
+-- The head a fair pick passed over (read once while it stays the head) and the tickets claimed.
+local head_id, head_fields, taken = nil, nil, {}
+-- Whether several branches wait for a type, read once per claim: a pick between branches is only
+-- made then (a branch that is alone gains nothing from it).
+local branches_waiting = {}
+local function several_waiting(ticket_type)
+  if branches_waiting[ticket_type] == nil and depths[ticket_type] then
+    branches_waiting[ticket_type] = redis.call('HLEN', depths[ticket_type])
+  end
+  return (branches_waiting[ticket_type] or 0) > 1
+end
 while #claimed < limit and scanned < limit + 1000 do
   if next_in_window > #window then
     window = redis.call('ZRANGE', KEYS[1], 0, limit - #claimed)
@@ -78,12 +100,32 @@ while #claimed < limit and scanned < limit + 1000 do
   end
   local id = window[next_in_window]
   if not id then break end
-  next_in_window = next_in_window + 1
   local key = prefix .. id
-  local t = redis.call('HMGET', key, 'status', 'type', 'expires_at', 'prompt_tokens_estimate',
-    'max_tokens', 'branch_id', 'attempts')
+  local t
+  if taken[id] then  -- already claimed here as another branch's turn: nothing to read
+    t = {}
+  elseif id == head_id then
+    t = head_fields
+  else
+    t = redis.call('HMGET', key, unpack(FIELDS))
+  end
+  local from_head = true
+  if t[1] == 'queued' and t[2] and tonumber(t[3]) > now then
+    local pick = id
+    if several_waiting(t[2]) then
+      pick = fair_pick(id, t[6], t[8], depths[t[2]], services[t[2]], KEYS[1], prefix)
+    end
+    if pick ~= id then
+      head_id, head_fields = id, t
+      id, key, from_head = pick, prefix .. pick, false
+      t = redis.call('HMGET', key, unpack(FIELDS))
+    end
+  end
+  if from_head then next_in_window = next_in_window + 1 end
   local ticket_type = t[2]
-  if t[1] ~= 'queued' or not ticket_type then
+  if taken[id] then
+    scanned = scanned + 1
+  elseif t[1] ~= 'queued' or not ticket_type then
     -- Not a queued ticket any more (its hash is gone or it ended elsewhere): drop the stale entry.
     redis.call('ZREM', KEYS[1], id)
     scanned = scanned + 1
@@ -113,10 +155,13 @@ while #claimed < limit and scanned < limit + 1000 do
     used = used + cost
     local token = redis.call('INCR', KEYS[6])
     unqueue(id, KEYS[1], KEYS[2], KEYS[3], waiting[ticket_type] or KEYS[1], depths[ticket_type], t[6])
+    charge_service(services[ticket_type], t[6], tonumber(t[4]) or 0, tonumber(t[5]) or 0, w_in, w_out,
+      weights)
     redis.call('HSET', key, 'status', 'running', 'token', token, 'worker', ARGV[4],
       'started_at', ARGV[1], 'lease_until', now + lease, 'attempts', (tonumber(t[7]) or 0) + 1)
     redis.call('ZADD', KEYS[4], now + lease, id)
     claimed[#claimed + 1] = redis.call('HGETALL', key)
+    taken[id] = true
   end
 end
 return {claimed, expired}

@@ -23,6 +23,7 @@ KEYS[8] shed counts of the minute {q}:sheds:<minute>  ("<type>:<code>" → count
 KEYS[9..8+n] waiting zset of each type, in the order of the type names below
 KEYS[9+n..8+2n] branch depth hash of each type, same order
 KEYS[9+2n] monitor state hash   {q}:monitor  (its service rate, for the deadline rule)
+KEYS[10+2n..9+3n] branch service zset of each type, same order as the waiting zsets (lib/fairness.lua)
 
 ARGV[1] created_at of every ticket of the batch (Unix seconds)
 ARGV[2] seconds an accepted ticket's idempotency key lives (its longest retention)
@@ -41,7 +42,9 @@ branches) of them is refused (code branch_share_exceeded, words left to the call
 its share is admitted even past the cap, up to twice the cap, so one branch's flood cannot lock the
 others out of a type. Turns: while several branches wait, a new ticket is scored just behind the
 type's equal-priority ticket at its round-robin place (lib/tickets.lua `turn_score`), so branches
-of equal priority are served in turn instead of a flood first.
+of equal priority are served in turn instead of a flood first. A queued ticket is also indexed
+under its branch, and a branch that starts waiting has its service lifted (lib/fairness.lua), for
+the claim's token-weighted choice between branches.
 
 Deadlines (lib/deadline.lua): a ticket's fields carry its `deadline`, its type's `slo_seconds`,
 `admit_late` ("1": never refused by this rule) and `ahead_types` (the types served before it). A retry under the idempotency key of a shed
@@ -55,12 +58,14 @@ deadline_unreachable: the Retry-After seconds of the estimate, the words being l
 ]]
 -- @include tickets
 -- @include deadline
+-- @include fairness
 
 local created = ARGV[1]
 local ntypes = tonumber(ARGV[5])
 local waiting = waiting_keys(9, 6, ntypes)
 local depths = waiting_keys(9 + ntypes, 6, ntypes)
 local monitor_key = KEYS[9 + 2 * ntypes]
+local services = waiting_keys(10 + 2 * ntypes, 6, ntypes)
 local caps, cap_words = {}, {}
 for i = 0, ntypes - 1 do
   caps[ARGV[6 + i]] = tonumber(ARGV[6 + ntypes + i])
@@ -173,7 +178,9 @@ for i = 1, #starts do
         redis.call('ZADD', KEYS[5], ARGV[at + 7], id)
       else
         redis.call('ZADD', KEYS[1], score, id)
+        index_pending(depths[ticket_type], branch, id, score)
       end
+      if held == 0 then lift_service(services[ticket_type], branch) end
       redis.call('ZADD', KEYS[2], ARGV[at + 5], id)
       redis.call('ZADD', waiting[ticket_type], created, id)
       count_branch(depths[ticket_type], branch, 1)

@@ -27,6 +27,7 @@ Returns "requeued" | "exhausted" (preempted `max` times: still running) | "expir
 or "stale:<status>" when the caller holds no lease.
 ]]
 -- @include tickets
+-- @include fairness
 
 local id = ARGV[1]
 local key = KEYS[1]
@@ -49,6 +50,7 @@ end
 redis.call('HSET', key, 'status', 'queued', 'token', '', 'worker', '', 'last_error', ARGV[5],
   'attempts', math.max((tonumber(t[4]) or 1) - 1, 0), 'preemptions', preemptions + 1)
 redis.call('ZADD', KEYS[3], t[8], id)
+index_pending(KEYS[6], t[9], id, t[8])
 redis.call('ZADD', KEYS[4], t[6], id)
 if redis.call('ZADD', KEYS[5], t[7], id) == 1 then
   count_branch(KEYS[6], t[9], 1)

@@ -29,6 +29,7 @@ ARGV[7+n] most wake-up markers the wake list holds
 Returns {swept, requeued, failed, expired, promoted}; swept is 0 when another sweep holds the lock.
 ]]
 -- @include tickets
+-- @include fairness
 
 if not redis.call('SET', KEYS[1], ARGV[2], 'NX', 'PX', ARGV[3]) then
   return {0, 0, 0, 0, 0}
@@ -63,6 +64,7 @@ for _, id in ipairs(lost) do
       redis.call('HSET', key, 'status', 'queued', 'token', '', 'worker', '',
         'last_error', 'lease expired (worker ' .. (t[8] or '?') .. ' stopped renewing it)')
       redis.call('ZADD', KEYS[3], t[7], id)
+      index_pending(depths[t[2]], t[9], id, t[7])
       redis.call('ZADD', KEYS[5], t[5], id)
       if waiting[t[2]] and redis.call('ZADD', waiting[t[2]], t[6], id) == 1 then
         count_branch(depths[t[2]], t[9], 1)
@@ -84,7 +86,9 @@ for _, id in ipairs(stale) do
   end
 end
 
-promoted = promote_due(KEYS[4], KEYS[3], prefix, now, limit)
+local moved = promote_due(KEYS[4], KEYS[3], prefix, now, limit)
+index_promoted(moved, prefix, depths)
+promoted = #moved
 
 if requeued + promoted > 0 then
   wake_workers(KEYS[8], requeued + promoted, tonumber(ARGV[7 + tonumber(ARGV[6])]))

@@ -36,7 +36,9 @@ from tidegate_client.streams import (
     CHAT_PATH,
     COMPLETIONS_PATH,
     DEFAULT_STREAM_TIMEOUT_S,
+    LAST_EVENT_ID,
     TICKET_HEADER,
+    Resume,
     chunk_item,
     streamed_body,
     ticket_item,
@@ -96,8 +98,9 @@ class _Calls:
         return _Call("GET", "/v1/queues", QueuesView.from_json)
 
     @staticmethod
-    def stream(ticket_id: str) -> _Call[None]:
-        return _Call("GET", f"/v1/tickets/{ticket_id}/stream", _nothing)
+    def stream(ticket_id: str, last_event_id: str | None = None) -> _Call[None]:
+        headers = {LAST_EVENT_ID: last_event_id} if last_event_id else {}
+        return _Call("GET", f"/v1/tickets/{ticket_id}/stream", _nothing, headers=headers)
 
     @staticmethod
     def openai_stream(
@@ -237,13 +240,24 @@ class TidegateClient(_Base):
 
     def stream(self, ticket_id: str, *, timeout: float = DEFAULT_STREAM_TIMEOUT_S) -> Iterator[TicketEvent]:
         """A ticket's answer while it is produced: tokens (when it was submitted with
-        `"live": "tokens"`), retries, then its `TicketEnd`. Leaving the loop does not cancel it."""
-        for event in self._events(_Calls.stream(ticket_id), timeout):
-            item = ticket_item(event[1])
-            if item is not None:
-                yield item
-            if isinstance(item, TicketEnd):
+        `"live": "tokens"`), retries, then its `TicketEnd`. Leaving the loop does not cancel it.
+        A stream that breaks off is reopened with `Last-Event-ID`, within `timeout`, and goes on
+        after the last event received (each event exactly once)."""
+        resume = Resume(timeout)
+        while True:
+            try:
+                call = _Calls.stream(ticket_id, resume.last_id)
+                for _, event in self._events(call, resume.remaining()):
+                    resume.saw(event)
+                    item = ticket_item(event)
+                    if item is not None:
+                        yield item
+                    if isinstance(item, TicketEnd):
+                        return
                 return
+            except ConnectionFailed:
+                if not resume.possible():
+                    raise
 
     def chat_stream(
         self,
@@ -376,13 +390,22 @@ class AsyncTidegateClient(_Base):
     async def stream(
         self, ticket_id: str, *, timeout: float = DEFAULT_STREAM_TIMEOUT_S
     ) -> AsyncIterator[TicketEvent]:
-        """As TidegateClient.stream."""
-        async for event in self._events(_Calls.stream(ticket_id), timeout):
-            item = ticket_item(event[1])
-            if item is not None:
-                yield item
-            if isinstance(item, TicketEnd):
+        """As TidegateClient.stream (resumed with `Last-Event-ID` when it breaks off)."""
+        resume = Resume(timeout)
+        while True:
+            try:
+                call = _Calls.stream(ticket_id, resume.last_id)
+                async for _, event in self._events(call, resume.remaining()):
+                    resume.saw(event)
+                    item = ticket_item(event)
+                    if item is not None:
+                        yield item
+                    if isinstance(item, TicketEnd):
+                        return
                 return
+            except ConnectionFailed:
+                if not resume.possible():
+                    raise
 
     async def chat_stream(
         self,

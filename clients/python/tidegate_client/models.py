@@ -197,11 +197,15 @@ class QueuesView:
     """Each inference endpoint's circuit breaker as the API sent it (level, state, error rates)."""
     rollout: dict[str, Any] | None = None
     """The model rollout as the API sent it (wave, state; the arms' figures for operator keys)."""
+    queues: list[QueuesView] | None = None
+    """Operator keys: every queue workers have served (this one included), each as this view."""
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> QueuesView:
         values = _known(cls, data)
         values["types"] = {k: TypeDepth(**_known(TypeDepth, v)) for k, v in data.get("types", {}).items()}
+        if data.get("queues") is not None:
+            values["queues"] = [cls.from_json(q) for q in data["queues"]]
         return cls(**values)
 
 

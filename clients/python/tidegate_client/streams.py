@@ -8,6 +8,7 @@ started stream that the server ends with an error object raises `StreamInterrupt
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,6 +19,7 @@ from tidegate_client.sse import ServerEvent
 DEFAULT_STREAM_TIMEOUT_S = 300.0
 """Longest a stream may stay open: a ticket may wait in the queue before its first token."""
 TICKET_HEADER = "X-Tidegate-Ticket-Id"
+LAST_EVENT_ID = "Last-Event-ID"
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
 
@@ -48,3 +50,21 @@ def streamed_body(body: Mapping[str, Any], include_usage: bool) -> dict[str, Any
     if include_usage:
         out["stream_options"] = {**(out.get("stream_options") or {}), "include_usage": True}
     return out
+
+
+class Resume:
+    """Where a ticket's stream is, so a broken-off one reopens after its last event."""
+
+    def __init__(self, timeout: float) -> None:
+        self.deadline = time.monotonic() + timeout
+        self.last_id: str | None = None
+
+    def saw(self, event: ServerEvent) -> None:
+        self.last_id = event.id or self.last_id
+
+    def remaining(self) -> float:
+        return max(self.deadline - time.monotonic(), 0.001)
+
+    def possible(self) -> bool:
+        """Whether to reopen: an event id to resume after, and time left."""
+        return self.last_id is not None and time.monotonic() < self.deadline

@@ -30,19 +30,21 @@ ERROR_PAUSE_SECONDS = 0.5
 START_ID = "0-0"
 
 Entry = dict[str, str]
+IdEntry = tuple[str, Entry]
+"""An entry with its stream id (what a server-sent event carries as its `id`)."""
 
 
 class LiveReader:
-    """The entries of one ticket's live stream, in order, from its first one."""
+    """The entries of one ticket's live stream, in order, from the one after `after`."""
 
-    def __init__(self, hub: LiveHub, key: str) -> None:
+    def __init__(self, hub: LiveHub, key: str, after: str = START_ID) -> None:
         self.hub = hub
         self.key = key
-        self.last_id = START_ID
-        self.entries: asyncio.Queue[Entry] = asyncio.Queue()
+        self.last_id = after
+        self.entries: asyncio.Queue[IdEntry] = asyncio.Queue()
 
-    async def next(self, timeout: float) -> Entry | None:
-        """The next entry, or None when none came within `timeout` seconds."""
+    async def next(self, timeout: float) -> IdEntry | None:
+        """The next entry and its id, or None when none came within `timeout` seconds."""
         try:
             return await asyncio.wait_for(self.entries.get(), timeout)
         except TimeoutError:
@@ -80,12 +82,13 @@ class LiveHub:
             await self.redis.delete(self.wake_key)
         await self.redis.aclose()
 
-    def open(self, ticket_id: str) -> LiveReader:
-        """Start reading `ticket_id`'s live stream (from its start, so nothing written is missed).
+    def open(self, ticket_id: str, after: str = START_ID) -> LiveReader:
+        """Start reading `ticket_id`'s live stream after entry `after` (by default from its start,
+        so nothing written is missed; a resumed reader names the last entry it received).
 
         The wake-up is sent in the background: the caller's answer need not wait for it.
         """
-        reader = LiveReader(self, self.keys.live(ticket_id))
+        reader = LiveReader(self, self.keys.live(ticket_id), after)
         self._readers[reader.key] = reader
         task = asyncio.get_running_loop().create_task(self._wake())
         self._wakes.add(task)
@@ -125,5 +128,5 @@ class LiveHub:
             if reader is None or not entries:
                 continue
             reader.last_id = entries[-1][0]
-            for _entry_id, fields in entries:
-                reader.entries.put_nowait(fields)
+            for entry in entries:
+                reader.entries.put_nowait(entry)

@@ -41,6 +41,8 @@ class Ending:
     error: str = ""
     text: str | None = None
     """The stored answer, when it was read from the ticket."""
+    entry_id: str = ""
+    """The live stream entry's id when the ending came from the stream."""
 
     @property
     def http_status(self) -> int:
@@ -70,14 +72,36 @@ def _number(raw: str | None) -> int | None:
 @dataclass(frozen=True)
 class Token:
     text: str
+    entry_id: str = ""
+    """The live stream entry's id, the server-sent event's `id`."""
 
 
 @dataclass(frozen=True)
 class Retry:
     error: str
+    entry_id: str = ""
 
 
 Event = Token | Retry | Ending
+
+
+def event_of(entry_id: str, entry: dict[str, str]) -> Event | None:
+    """A live stream entry as the event it records; None for a kind this server does not know."""
+    kind = entry.get("kind")
+    if kind == LiveKind.TOKEN:
+        return Token(entry.get("text", ""), entry_id)
+    if kind == LiveKind.RETRY:
+        return Retry(entry.get("error", ""), entry_id)
+    if kind == LiveKind.END:
+        return Ending(
+            status=entry.get("status", TicketStatus.FAILED.value),
+            finish_reason=entry.get("finish_reason"),
+            prompt_tokens=_number(entry.get("prompt_tokens")),
+            completion_tokens=_number(entry.get("completion_tokens")),
+            error=entry.get("error", ""),
+            entry_id=entry_id,
+        )
+    return None
 
 
 class TicketWait:
@@ -109,27 +133,18 @@ class TicketWait:
 
     async def events(self) -> AsyncIterator[Event]:
         while True:
-            entry = await self.reader.next(self.check_seconds)
-            if entry is None:
+            item = await self.reader.next(self.check_seconds)
+            if item is None:
                 ending = await self._check()
                 if ending is not None:
                     yield ending
                     return
                 continue
-            kind = entry.get("kind")
-            if kind == LiveKind.TOKEN:
-                yield Token(entry.get("text", ""))
-            elif kind == LiveKind.RETRY:
-                yield Retry(entry.get("error", ""))
-            elif kind == LiveKind.END:
-                yield Ending(
-                    status=entry.get("status", TicketStatus.FAILED.value),
-                    finish_reason=entry.get("finish_reason"),
-                    prompt_tokens=_number(entry.get("prompt_tokens")),
-                    completion_tokens=_number(entry.get("completion_tokens")),
-                    error=entry.get("error", ""),
-                )
-                return
+            event = event_of(*item)
+            if event is not None:
+                yield event
+                if isinstance(event, Ending):
+                    return
 
     async def _check(self) -> Ending | None:
         try:

@@ -51,10 +51,12 @@ local function turn_score(waiting_key, pending_key, prefix, held, branches, prio
   return score
 end
 
--- Remove a ticket from every structure that holds queued tickets (and from its branch's count in
--- its type's `depth_key`, when the caller gives it with the ticket's branch).
+-- Remove a ticket from every structure that holds queued tickets (and from its branch's count and
+-- queue under its type's `depth_key`, when the caller gives it with the ticket's branch; the
+-- branch queue is lib/fairness.lua's).
 local function unqueue(id, pending_key, delayed_key, deadlines_key, waiting_key, depth_key, branch)
   redis.call('ZREM', pending_key, id)
+  if depth_key and branch then redis.call('ZREM', depth_key .. ':' .. branch, id) end
   redis.call('ZREM', delayed_key, id)
   redis.call('ZREM', deadlines_key, id)
   if redis.call('ZREM', waiting_key, id) == 1 then
@@ -92,15 +94,15 @@ local function finish_ticket(ticket_key, id, ticket_type, status, now, retention
 end
 
 -- Move retries whose backoff is over from the delayed set back to the pending set at their score.
--- `prefix` is the ticket-hash prefix the caller got in its KEYS. Returns how many moved.
+-- `prefix` is the ticket-hash prefix the caller got in its KEYS. Returns the ids moved.
 local function promote_due(delayed_key, pending_key, prefix, now, limit)
-  local promoted = 0
+  local promoted = {}
   for _, id in ipairs(redis.call('ZRANGEBYSCORE', delayed_key, '-inf', now, 'LIMIT', 0, limit)) do
     redis.call('ZREM', delayed_key, id)
     local score = redis.call('HGET', prefix .. id, 'score')
     if score then
       redis.call('ZADD', pending_key, score, id)
-      promoted = promoted + 1
+      promoted[#promoted + 1] = id
     end
   end
   return promoted

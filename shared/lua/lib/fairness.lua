@@ -1,0 +1,107 @@
+--[[
+Token-weighted fair share between branches (the virtual token counter of "Fairness in Serving
+Large Language Models", OSDI'24), included by `-- @include fairness` into the scripts that put
+tickets in the pending set (enqueue, claim's promotions, preempt, reap) and into claim.
+
+Per type: the branch depth hash (`depth_key`) names the waiting branches; each branch's pending
+tickets of the type sit in the zset `depth_key .. ':' .. branch` by their queue score
+(QueueKeys.branch_queue); the service zset (QueueKeys.branch_service) holds each waiting branch's
+weighted tokens claimed so far, so the least served is read in O(log n). The claim takes, within
+the band of the queue's head (its type and priority), the first ticket of the waiting branch with
+the least service. A branch that starts waiting is lifted to the least service of those already
+waiting, so time spent idle is not saved up against them. A ticket leaves its branch queue with
+the other queued structures (lib/tickets.lua `unqueue`).
+]]
+
+local function branch_queue_key(depth_key, branch)
+  return depth_key .. ':' .. branch
+end
+
+-- Index a pending ticket under its branch (at its queue score, so the branch keeps queue order).
+local function index_pending(depth_key, branch, id, score)
+  if depth_key and branch then
+    redis.call('ZADD', branch_queue_key(depth_key, branch), score, id)
+  end
+end
+
+-- Index tickets `promote_due` moved back to the pending set (`depths`: type -> depth key).
+local function index_promoted(ids, prefix, depths)
+  for _, id in ipairs(ids) do
+    local t = redis.call('HMGET', prefix .. id, 'type', 'branch_id', 'score')
+    if t[1] then index_pending(depths[t[1]], t[2], id, t[3]) end
+  end
+end
+
+-- A branch about to wait for a type (none of its tickets is queued): lift its service to the
+-- least service of the branches waiting, never lower it (a branch not counted yet starts there).
+local function lift_service(service_key, branch)
+  local least = redis.call('ZRANGE', service_key, 0, 0, 'WITHSCORES')[2]
+  if least then
+    local own = redis.call('ZSCORE', service_key, branch)
+    if not own or tonumber(own) < tonumber(least) then
+      redis.call('ZADD', service_key, least, branch)
+    end
+  end
+end
+
+-- The branch's first ticket still in the pending set, and its score (nil when none).
+local function first_pending(depth_key, branch, pending_key)
+  local queue_key = branch_queue_key(depth_key, branch)
+  for _ = 1, 100 do
+    local head = redis.call('ZRANGE', queue_key, 0, 0, 'WITHSCORES')
+    if not head[1] then return nil end
+    if redis.call('ZSCORE', pending_key, head[1]) then return head[1], tonumber(head[2]) end
+    redis.call('ZREM', queue_key, head[1])
+  end
+  return nil
+end
+
+local PICK_SCAN = 4
+-- Which ticket the claim takes instead of the head `id` (its branch and priority given): the
+-- first pending ticket of equal priority of the waiting branch with the least service; the head
+-- itself when its branch is served least (the caller skips this while one branch waits). Branches are read from the least
+-- served up, at most PICK_SCAN of them; one no longer waiting leaves the service set on the way
+-- (its service is forgotten: it was at most the least, which a branch that waits again gets).
+local function fair_pick(id, branch, priority, depth_key, service_key, pending_key, prefix)
+  if not depth_key or not service_key or not branch then return id end
+  local least = redis.call('ZRANGE', service_key, 0, 0, 'WITHSCORES')
+  if least[1] == branch or not least[1] then return id end
+  local own = redis.call('ZSCORE', service_key, branch)
+  if not own then
+    lift_service(service_key, branch)
+    return id  -- lifted to the least: a tie, which the head wins
+  end
+  own = tonumber(own)
+  if tonumber(least[2]) >= own then return id end
+  local lowest = redis.call('ZRANGE', service_key, 0, PICK_SCAN - 1, 'WITHSCORES')
+  for i = 1, #lowest, 2 do
+    local other, served = lowest[i], tonumber(lowest[i + 1])
+    if served >= own or other == branch then return id end
+    local other_id = first_pending(depth_key, other, pending_key)
+    if other_id then
+      if redis.call('HGET', prefix .. other_id, 'priority') == priority then return other_id end
+    elseif redis.call('HEXISTS', depth_key, other) == 0 then
+      redis.call('ZREM', service_key, other)
+    end
+  end
+  return id
+end
+
+-- Weights from the claim's ARGV starting at `at`: input, output, then m branch/weight pairs.
+-- Returns them and the index after them.
+local function fairness_weights(at)
+  local weights = {}
+  local m = tonumber(ARGV[at + 2])
+  for i = 0, m - 1 do
+    weights[ARGV[at + 3 + 2 * i]] = tonumber(ARGV[at + 4 + 2 * i])
+  end
+  return tonumber(ARGV[at]), tonumber(ARGV[at + 1]), weights, at + 3 + 2 * m
+end
+
+-- Count a claimed ticket's weighted tokens to its branch's service.
+local function charge_service(service_key, branch, prompt, max_tokens, w_in, w_out, weights)
+  if service_key and branch then
+    local cost = (w_in * prompt + w_out * max_tokens) / (weights[branch] or 1)
+    redis.call('ZINCRBY', service_key, cost, branch)
+  end
+end
