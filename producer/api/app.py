@@ -20,7 +20,7 @@ from producer.api.body_size import BodySizeLimit
 from producer.api.context import ApiContext
 from producer.api.docs import install_docs
 from producer.api.errors import install_error_handlers
-from producer.api.http_metrics import instrument
+from producer.api.http_metrics import instrument, time_answers
 from producer.api.keys import ApiKeyStore
 from producer.api.metrics_access import MetricsPort
 from producer.api.openai import routes as openai_routes
@@ -123,6 +123,7 @@ def create_app(
     instrument(app, context.registry)
     if tracing.enabled() or tracing.configure_tracing("tidegate-api"):
         app.add_middleware(TracingMiddleware)
+    time_answers(app, context.registry)
     _document_policy(app, settings.policy)
     return app
 
