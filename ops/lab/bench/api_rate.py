@@ -188,12 +188,17 @@ def _percentile_ms(values: list[float], q: int) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1] * 1000
 
 
+def _keep_red_once(redis: Redis, keys: QueueKeys) -> None:
+    """Publish the red alarm once, as a live monitor would."""
+    now = time.time()
+    redis.hset(keys.alarm, mapping={"level": "red", "since": now, "depth": 0, "updated_at": now})
+    redis.hset(keys.monitor_state, mapping={"drain_rate": 100.0, "updated_at": now})
+
+
 def _keep_red(redis: Redis, keys: QueueKeys, stop: threading.Event) -> None:
     """Publish the red alarm as a live monitor would: refreshed well inside its 5 s freshness window."""
     while not stop.is_set():
-        now = time.time()
-        redis.hset(keys.alarm, mapping={"level": "red", "since": now, "depth": 0, "updated_at": now})
-        redis.hset(keys.monitor_state, mapping={"drain_rate": 100.0, "updated_at": now})
+        _keep_red_once(redis, keys)
         stop.wait(1.0)
 
 
