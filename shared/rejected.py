@@ -33,8 +33,9 @@ SEPARATOR = "\x1f"
 
 
 def slot(keys: QueueKeys, ticket_id: str) -> tuple[str, str]:
-    """The bucket key and the field that hold `ticket_id`'s record."""
-    return keys.ticket(ticket_id[:BUCKET_CHARS]), ticket_id[BUCKET_CHARS:]
+    """The bucket key and the field that hold `ticket_id`'s record; the "~" keeps a bucket apart
+    from any ticket's own hash (ids are letters and digits)."""
+    return keys.ticket("~" + ticket_id[:BUCKET_CHARS]), ticket_id[BUCKET_CHARS:]
 
 
 def unpacked(ticket_id: str, packed: str) -> dict[str, str]:

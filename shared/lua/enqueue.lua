@@ -17,8 +17,9 @@ KEYS[3] counts hash             {q}:counts
 KEYS[4] wake list               {q}:wake
 KEYS[5] delayed zset            {q}:delayed
 KEYS[6] ticket hash prefix      {q}:t:      (ids are the caller's; the prefix carries the queue's
-                                             hash tag, so every key stays on one slot; + an id's
-                                             first 7 characters: a bucket of rejected records)
+                                             hash tag, so every key stays on one slot; + "~" and
+                                             an id's first 7 characters: a bucket of rejected
+                                             records)
 KEYS[7] idempotency prefix      {q}:idem:   (+ "<branch>:<key>"; + "~<window>": the index of
                                              rejected submissions' keys)
 KEYS[8] shed counts of the minute {q}:sheds:<minute>  ("<type>:<code>" → count; lives ARGV[3])

@@ -2,8 +2,8 @@
 Rejected records, small and sharing storage (read back by shared/rejected.py).
 
 A shed submission's record is one field of a bucket hash, not a key of its own: the bucket is the
-ticket prefix plus the id's first 7 characters (ids start with their creation time, so a bucket
-holds the ids of about 33 seconds), the field is the id's other characters, the value the record's
+ticket prefix, "~" (never in an id) and the id's first 7 characters (ids start with their creation
+time, so a bucket holds the ids of about 33 seconds), the field is the id's other characters, the value the record's
 values packed in the order of REJECTED_PACKED, after its shed code and Retry-After, joined by the
 unit separator (\31). A bucket expires as a whole, the retention after its latest write, so every
 record in it lives at least that long. Left out as derived: the status (`rejected`), expires_at
@@ -19,7 +19,8 @@ local REJECTED_PACKED = {'type', 'branch_id', 'priority', 'max_tokens', 'ttl_sec
 local REJECTED_BUCKET_CHARS = 7
 
 local function rejected_slot(ticket_prefix, id)
-  return ticket_prefix .. string.sub(id, 1, REJECTED_BUCKET_CHARS), string.sub(id, REJECTED_BUCKET_CHARS + 1)
+  return ticket_prefix .. '~' .. string.sub(id, 1, REJECTED_BUCKET_CHARS),
+    string.sub(id, REJECTED_BUCKET_CHARS + 1)
 end
 
 -- Write (or overwrite) `id`'s record; ARGV[first..last] are its lean field/value pairs.

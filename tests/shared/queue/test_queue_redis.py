@@ -311,6 +311,7 @@ def test_a_shed_ticket_leaves_a_lean_record_in_a_shared_bucket_with_its_own_rete
     assert ticket.error == ticket_queue.shed_words(ShedCode.QUEUE_RED, "complaint")
     assert ticket.expires_at == pytest.approx(ticket.created_at + ticket.ttl_seconds)
     assert ticket_queue.get_many([result.ticket_id, "0" * 26]) == [ticket, None]
+    assert ticket_queue.get(result.ticket_id[:7]) is None  # a bucket is no ticket
     assert ticket_queue.cancel(result.ticket_id) == "rejected"  # ended already: nothing changes
 
 
