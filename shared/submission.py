@@ -216,7 +216,10 @@ class Submission:
     def _draft(self, request: TicketRequest, options: EnqueueOptions, now: float) -> _Draft:
         ticket = self.build_ticket(request, now=now, route=options.route)
         shed = options.shed
-        pairs = [(name, stored_value(name, getattr(ticket, name))) for name in COLUMNS]
+        # A ticket admission shed is recorded rejected whatever else the script finds, from its
+        # lean fields alone: its prompt and the rest are not worth sending.
+        columns = LEAN_FIELDS if shed else COLUMNS
+        pairs = [(name, stored_value(name, getattr(ticket, name))) for name in columns]
         lean = sum(1 for name, value in pairs[: len(LEAN_FIELDS)] if value)
         fields = [item for pair in pairs if pair[1] for item in pair]
         values = [
