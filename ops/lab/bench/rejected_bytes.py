@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import uuid
+from typing import cast
 
 from shared.models import TicketRequest
 from shared.policy import default_policy_text, parse_policy
@@ -43,7 +44,7 @@ def bytes_per_shed(redis_url: str, count: int, with_key: bool) -> tuple[float, i
     pattern = queue.keys.prefix.replace("{", "\\{").replace("}", "\\}") + "*"
     every = list(client.scan_iter(match=pattern, count=1000))
     held = [k for k in every if ":t:" in str(k) or ":idem:" in str(k)]
-    total = sum(int(client.memory_usage(k, samples=0) or 0) for k in held)
+    total = sum(int(cast("int | None", client.memory_usage(k, samples=0)) or 0) for k in held)
     if every:
         client.delete(*every)
     client.close()
