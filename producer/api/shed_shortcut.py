@@ -26,6 +26,8 @@ from producer.api.schemas import TicketBody
 PATH = "/v1/tickets"
 IDEMPOTENCY_KEY_MAX = 128
 """As the route's `Idempotency-Key` header declares it; a key outside 1..128 goes to the route."""
+ROUTE_ONLY_HEADERS = b"x-tidegate-"
+"""Headers that may shape the request (a deadline, say) are read by the route alone."""
 
 
 @dataclass
@@ -62,6 +64,7 @@ class ShedShortcutMiddleware:
         if (
             principal is None
             or content_type != b"application/json"
+            or any(name.startswith(ROUTE_ONLY_HEADERS) for name in headers)
             or (idempotency_key is not None and not 0 < len(idempotency_key) <= IDEMPOTENCY_KEY_MAX)
         ):
             await self.app(scope, receive, send)

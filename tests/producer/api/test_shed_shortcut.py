@@ -148,6 +148,7 @@ def test_what_the_shortcut_does_not_refuse_goes_to_the_route(
         ({**COMPLAINT, "idempotency_key": "a"}, {"Idempotency-Key": "b"}, 409),
         (COMPLAINT, {"Idempotency-Key": "k" * 129}, 422),
         (COMPLAINT, {"Authorization": "Bearer not-a-key"}, 401),
+        (COMPLAINT, {"X-Tidegate-Deadline-Ms": "60000"}, 429),  # the route reads its own headers
     ]
     for body, headers, status in cases:
         assert _same_answer(sides, redis_client, keys, body, headers) == (status, False)
