@@ -9,7 +9,7 @@ transition is written, and its event recorded, once, whichever worker saw it fir
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 from redis import Redis
@@ -42,6 +42,8 @@ class BreakerView:
     state: BreakerState
     info: dict[str, str]
     now: float
+    windows: dict[str, Window] = field(default_factory=dict)
+    """Each rung's counts now (instant, sustained, deep), read without counting anything."""
 
     def as_dict(self) -> dict[str, Any]:
         level = self.state.level(self.now)
@@ -57,6 +59,9 @@ class BreakerView:
             "model": self.info.get("model", ""),
             "version": self.info.get("model_version", ""),
             "fallback": self.info.get("fallback_status", ""),
+            "since": float(self.info["changed_at"]) if self.info.get("changed_at") else None,
+            "error_rates": {name: round(w.error_rate, 4) for name, w in self.windows.items()},
+            "requests": {name: w.total for name, w in self.windows.items()},
         }
 
 
@@ -147,16 +152,31 @@ class BreakerStore:
         pipe.execute()
 
     def views(self) -> list[BreakerView]:
-        """Every endpoint's breaker, in one round trip after the set's."""
+        """Every endpoint's breaker with its windows' counts, in one round trip after the set's."""
         endpoints = sorted(cast("set[str]", self.redis.smembers(self.keys.breakers)))
+        now = clock.now()
         pipe = self.redis.pipeline(transaction=False)
         for endpoint in endpoints:
             pipe.hgetall(self.keys.breaker(endpoint))
-        now = clock.now()
-        return [
-            BreakerView(endpoint, BreakerState.from_fields(raw), raw, now)
-            for endpoint, raw in zip(endpoints, pipe.execute(), strict=True)
-        ]
+            for key in self._bucket_keys(endpoint, now):
+                pipe.hmget(key, ["ok", "err"])
+        replies = pipe.execute()
+        step = 1 + len(LADDER) * BUCKETS_PER_WINDOW
+        views = []
+        for i, endpoint in enumerate(endpoints):
+            raw = replies[i * step]
+            buckets = replies[i * step + 1 : (i + 1) * step]
+            windows = {
+                name: _window(buckets[r * BUCKETS_PER_WINDOW : (r + 1) * BUCKETS_PER_WINDOW])
+                for r, name in enumerate(LADDER)
+            }
+            views.append(BreakerView(endpoint, BreakerState.from_fields(raw), raw, now, windows))
+        return views
+
+
+def _window(buckets: list[list[str | None]]) -> Window:
+    """One rung's buckets summed, as `breaker_record.lua` sums them."""
+    return Window(ok=sum(int(ok or 0) for ok, _ in buckets), errors=sum(int(err or 0) for _, err in buckets))
 
 
 def refusing(views: list[BreakerView]) -> BreakerView | None:

@@ -47,65 +47,12 @@ class Settings(BaseSettings):
         default=0, ge=0, le=16, description="replicas that must hold a ticket before it is acknowledged"
     )
     queue_name: str = Field(default="default", pattern=QUEUE_NAME_PATTERN, description="the queue's name")
-    vllm_url: str = Field(default="http://127.0.0.1:8000", description="the local vLLM endpoint")
     fallback_vllm_url: str | None = Field(
         default=None,
         description="fallback endpoints, comma-separated; one is used only while its model version "
         "matches the primary's",
     )
     policy_file: str | None = None
-    gpu_backend: Literal["nvml", "sim", "auto"] = Field(default="auto", description="GPU memory source")
-    max_batch: int = Field(default=32, ge=1, le=1024, description="most tickets a worker keeps in flight")
-    safety_margin: float = Field(default=0.15, ge=0, lt=1, description="share of GPU memory kept free")
-    kv_high_watermark: float = Field(
-        default=0.85, gt=0, le=1, description="KV-cache usage above which the batch shrinks"
-    )
-    critical_headroom: float = Field(
-        default=0.2,
-        ge=0,
-        lt=1,
-        description="share of each worker's batch and KV budget kept for critical types",
-    )
-    slo_guard: bool = Field(
-        default=False,
-        description="while service is degraded, workers cap other work so critical answers fit their SLO",
-    )
-    adaptive_limit: bool = Field(
-        default=True,
-        description="workers lower the in-flight limit of non-critical tickets while per-token latency "
-        "(time to first token per prompt token, time per output token) rises, and raise it again "
-        "when it falls; critical tickets are bounded by memory alone",
-    )
-    adaptive_tolerance: float = Field(
-        default=1.25,
-        ge=1,
-        description="how many times its baseline per-token latency a worker tolerates before it lowers "
-        "its in-flight limit; higher keeps the batch fuller at the cost of slower tokens",
-    )
-    adaptive_slo: bool = Field(
-        default=True,
-        description="while critical answers are finishing, their run times against their SLO move the "
-        "adaptive limit instead of the per-token gradient: it grows while they run well within their "
-        "share of the SLO and shrinks when they run past it",
-    )
-    preemption: bool = Field(
-        default=True,
-        description="a worker out of room (at its limit, or without KV budget for it) puts its newest "
-        "non-critical ticket back in the queue (no attempt used) so a waiting critical ticket starts now",
-    )
-    preemption_patience: float = Field(
-        default=0.0,
-        ge=0,
-        lt=1,
-        description="share of a critical ticket's SLO it waits for a free slot before a worker preempts "
-        "a running ticket for it (a preemption throws that ticket's work away); 0 = at once",
-    )
-    prefill_guard_tokens: int = Field(
-        default=8192,
-        ge=0,
-        description="most prompt tokens of non-critical tickets a worker keeps in prefill at once, so "
-        "long prompts cannot stall every decode step; 0 = no bound",
-    )
     lease_seconds: float | None = Field(
         default=None, gt=0, description="lease of a claimed ticket (default: the policy's)"
     )

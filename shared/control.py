@@ -108,7 +108,8 @@ def read_control_state(
     monitor_fresh = monitor_at is not None and clock.now() - monitor_at <= STALE_AFTER_SECONDS
     state = ControlState(
         level=level,
-        level_since=_float(alarm.get("since")),
+        # A level derived from depth has no known start; a dead monitor's "since" is not its.
+        level_since=_float(alarm.get("since")) if fresh else None,
         published_at=published_at,
         mode=mode,
         depth=depth,

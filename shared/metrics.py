@@ -85,7 +85,7 @@ LATENCY_SECONDS = Histogram(
 )
 ROLLOUT_SHADOW = Counter(
     "tidegate_rollout_shadow",
-    "Shadow calls to a rollout's candidate by outcome: recorded, failed, or skipped (level, unhealthy, busy).",
+    "Shadow calls to a rollout's candidate by outcome: recorded, failed, or skipped (level, breaker, busy).",
     ["outcome"],
 )
 VLLM_ERRORS = Counter(

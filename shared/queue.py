@@ -7,7 +7,6 @@ Producers call `enqueue`/`enqueue_many`/`cancel`; workers `claim`, `extend`,
 from __future__ import annotations
 
 import json
-import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
@@ -15,7 +14,7 @@ from typing import Any, Literal, cast
 from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
 
-from shared import clock, tracing
+from shared import backoff, clock, tracing
 from shared.keys import WAKE_LIST_CAP, QueueKeys
 from shared.models import Ticket, TicketRequest, TicketStatus
 from shared.policy import Policy
@@ -370,10 +369,10 @@ class TicketQueue:
         return [str(r) for r in reply]
 
     def backoff_seconds(self, attempts: int) -> float:
-        """Exponential backoff with full jitter, so retries of a failed vLLM spread out."""
+        """How long a ticket waits before its next attempt (shared/backoff.py), so retries of a
+        failed vLLM spread out."""
         q = self.policy.queue
-        ceiling = min(q.retry_backoff_max_seconds, q.retry_backoff_seconds * 2 ** max(attempts - 1, 0))
-        return random.uniform(ceiling / 2, ceiling)
+        return backoff.full_jitter(attempts, q.retry_backoff_seconds, q.retry_backoff_max_seconds)
 
     def retry(
         self,

@@ -105,7 +105,7 @@ def rollout_metric_families(client: Any, keys: QueueKeys) -> list[Metric]:
     )
     calls = CounterMetricFamily(
         "tidegate_rollout_calls",
-        "Calls of the current rollout by arm (candidate, primary) and outcome (ok, error, shed, client).",
+        "Calls of the current rollout by arm (candidate, primary) and outcome (ok, error, shed, breaker, client).",
         labels=["arm", "outcome"],
     )
     state = read_rollout(client, keys)

@@ -5,7 +5,10 @@ and arm. Per shadowed ticket: one JSON record of both answers in a capped list. 
 renews the key's expiry, so a rollout's data is bounded in size and gone a retention period after
 its last write. Outcomes: `ok`; `error` (5xx, timeouts, refused connections, broken streams: what
 the breaker counts); `shed` (the endpoint answered 429 or 503 with Retry-After: it turned the
-call away under load); `client` (a 4xx the request caused, counted for neither arm's errors).
+call away under load); `breaker` (a canary ticket the candidate's open breaker sent to the
+primary instead); `client` (a 4xx the request caused, counted for neither arm's errors).
+`error` and `breaker` are both the arm's failures: the breaker is the one judge of an endpoint's
+health, so a ticket it keeps off the candidate counts against the candidate as a failed call would.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ from shared.keys import QueueKeys
 from shared.policy import RolloutPolicy
 from shared.rollout import ARMS
 
-OUTCOMES = ("ok", "error", "shed", "client")
+OUTCOMES = ("ok", "error", "shed", "breaker", "client")
+FAILURES = ("error", "breaker")
 
 
 def record_call(
@@ -90,6 +94,11 @@ class ArmStats:
         return self.counts.get(outcome, 0) / self.calls if self.calls else 0.0
 
     @property
+    def error_rate(self) -> float:
+        """The share of failures (FAILURES) among the calls: what the wave judge compares."""
+        return sum(self.rate(outcome) for outcome in FAILURES)
+
+    @property
     def ttft_p95(self) -> float | None:
         return percentile(self.ttft_samples, 95)
 
@@ -99,7 +108,7 @@ class ArmStats:
             "arm": self.arm,
             "calls": self.calls,
             **{outcome: self.counts.get(outcome, 0) for outcome in OUTCOMES},
-            "error_rate": round(self.rate("error"), 4),
+            "error_rate": round(self.error_rate, 4),
             "shed_rate": round(self.rate("shed"), 4),
             "ttft_p95_seconds": None if p95 is None else round(p95, 4),
             "ttft_samples": len(self.ttft_samples),

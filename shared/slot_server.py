@@ -18,10 +18,14 @@ from redis import Redis
 from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException
 
+from shared import backoff
+
 T = TypeVar("T")
 
 ATTEMPTS = 10
 """Sends of one pipeline while a slot changes hands; backed off to outlast a replica's promotion."""
+RETRY_BASE_SECONDS = 0.1
+RETRY_CAP_SECONDS = 1.0
 
 
 def _moved(exc: redis.ResponseError) -> bool:
@@ -45,7 +49,8 @@ def on_slot_server(client: Redis | Any, key: str, run: Callable[[Redis], T]) -> 
         except redis.ResponseError as exc:
             if not _moved(exc) or attempt == ATTEMPTS - 1:
                 raise
-        time.sleep(min(0.1 * 2**attempt, 1.0))
+        # No jitter: one client waits on one promotion, and the whole curve must outlast it.
+        time.sleep(backoff.ceiling(attempt + 1, RETRY_BASE_SECONDS, RETRY_CAP_SECONDS))
         try:
             client.nodes_manager.initialize()
         except RedisClusterException:  # no node answered yet; the next attempt asks again

@@ -33,18 +33,6 @@ def delete_queue_keys(client: Redis, queue_name: str) -> None:
         client.delete(*batch[start : start + 500])
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Give tests against a real vLLM-CPU engine two more tries (the rest get one, pyproject.toml).
-
-    On a 2-core machine the engine saturates both cores, so a scrape or a schedule can be seconds
-    late and a timing window pass unseen; the engine's timing, not tidegate, then decides the outcome.
-    Every rerun is listed in the summary (`RERUN`), and a test that fails three times still fails.
-    """
-    for item in items:
-        if item.get_closest_marker("vllm") is not None and item.get_closest_marker("flaky") is None:
-            item.add_marker(pytest.mark.flaky(reruns=2, reruns_delay=5))
-
-
 @pytest.fixture(scope="session")
 def redis_cluster_harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterHarness]:
     """A real 3-master, 3-replica cluster on loopback for the whole session."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 import shutil
 import socket
 import subprocess
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,6 +13,7 @@ import pytest
 from redis import Redis
 
 from tests.tls_certs import TlsFiles
+from tests.waiting import wait_until
 
 
 def _free_port() -> int:
@@ -52,15 +52,13 @@ def private_redis(
     process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         client = Redis.from_url(url, socket_connect_timeout=1, socket_timeout=2)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                client.ping()
-                break
-            except Exception:
-                if time.monotonic() > deadline or process.poll() is not None:
-                    raise RuntimeError(f"redis-server on port {port} did not start") from None
-                time.sleep(0.05)
+        wait_until(
+            lambda: process.poll() is None and client.ping(),
+            10,
+            f"redis-server on port {port} to start",
+            interval=0.05,
+            ignoring=(Exception,),
+        )
         client.close()
         yield url.partition("?")[0]
     finally:

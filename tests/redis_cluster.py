@@ -11,8 +11,7 @@ import shutil
 import signal
 import socket
 import subprocess
-import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +20,7 @@ import pytest
 from redis import Redis
 
 from shared.redis_conn import make_cluster_client
+from tests.waiting import wait_until
 
 START_SECONDS = 15.0
 CLUSTER_OK_SECONDS = 30.0
@@ -51,17 +51,9 @@ def _binary(name: str) -> str:
     return path
 
 
-def _wait_until(check: object, seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while True:
-        try:
-            if callable(check) and check():
-                return
-        except Exception:  # not up yet: refused, loading, or still forming
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out waiting for {what}")
-        time.sleep(0.05)
+def _wait_until(check: Callable[[], object], seconds: float, what: str) -> None:
+    """Until `check` holds; an error from it (refused, loading, still forming) counts as not yet."""
+    wait_until(check, seconds, what, interval=0.05, ignoring=(Exception,))
 
 
 @dataclass

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
+from shared import clock
 from shared.breaker import BreakerState, Phase, endpoint_id, model_version
 from shared.breaker_store import BreakerStore
 from shared.control import append_event
@@ -63,7 +63,7 @@ class BreakerGate:
 
     # ---- state --------------------------------------------------------------------------------
     def state(self, endpoint: str) -> BreakerState:
-        now = time.monotonic()
+        now = clock.monotonic()
         with self._lock:
             cached = self._cache.get(endpoint)
         if cached is not None and now - cached[0] < CACHE_SECONDS:
@@ -84,15 +84,15 @@ class BreakerGate:
 
     def _remember(self, endpoint: str, state: BreakerState) -> None:
         with self._lock:
-            self._cache[endpoint] = (time.monotonic(), state)
+            self._cache[endpoint] = (clock.monotonic(), state)
 
     def primary_healthy(self) -> bool:
-        return self.state(self.primary_endpoint).phase(time.time()) is Phase.CLOSED
+        return self.state(self.primary_endpoint).phase(clock.now()) is Phase.CLOSED
 
     # ---- claiming -----------------------------------------------------------------------------
     def claim_gate(self) -> tuple[Gate, float]:
         """Whether to claim: GO, PROBE (half-open: claim one, if `take_probe`), or WAIT seconds."""
-        now = time.time()
+        now = clock.now()
         state = self.state(self.primary_endpoint)
         phase = state.phase(now)
         if phase is Phase.CLOSED:
@@ -120,7 +120,7 @@ class BreakerGate:
     def usable_fallback(self, *, verified: bool) -> Fallback | None:
         """A fallback whose circuit is closed and whose version matched (or, unless `verified`,
         is not known yet); a mismatched one never."""
-        now = time.time()
+        now = clock.now()
         accepted = ("matched",) if verified else ("matched", "unknown")
         for fallback in self.fallbacks:
             if fallback.status in accepted and self.state(fallback.endpoint).phase(now) is Phase.CLOSED:

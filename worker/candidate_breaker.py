@@ -3,8 +3,10 @@
 The candidate is counted on the shared breaker ladder like any endpoint (shared/breaker.py), and
 the primary is its fallback: while its circuit is open, or its sustained rung holds, the tickets
 the canary routes to it go to the primary instead and no shadow call is sent; half-open, one
-canary ticket at a time (shared by all workers) probes it. The rollout's own judge still sees the
-failures that tripped the breaker, so a candidate bad enough to trip it is rolled back as well.
+canary ticket at a time (shared by all workers) probes it. This breaker is the candidate's one
+health state: each canary ticket it keeps off the candidate is counted in the candidate's arm as a
+failure (`breaker`, worker/rollout_routing.py), so the wave judge sees what tripped it and rolls
+the candidate back instead of holding the wave for samples that never come.
 Every transition of the candidate's breaker is recorded as a rollout event once, by the worker
 that committed it, with where canary tickets go from then on.
 """
@@ -13,12 +15,12 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from enum import StrEnum
 
 import redis
 
+from shared import clock
 from shared.breaker import BreakerState, Phase, endpoint_id
 from shared.control import append_event
 from worker.breaker_gate import BreakerGate
@@ -75,7 +77,7 @@ class CandidateBreaker:
     def route(self, url: str) -> CanaryRoute:
         """Where a canary ticket for the candidate at `url` goes now."""
         state = self._state(url)
-        now = time.time()
+        now = clock.now()
         if state is None or not diverts(state, now):
             return CanaryRoute.CANDIDATE
         if self.gate is not None and state.phase(now) is Phase.HALF_OPEN and state.probe_until <= now:
@@ -88,7 +90,7 @@ class CandidateBreaker:
 
     def allows_shadow(self, url: str) -> bool:
         state = self._state(url)
-        return state is None or not diverts(state, time.time())
+        return state is None or not diverts(state, clock.now())
 
     def record(self, client: VllmClient, ok: bool, *, probe: bool = False) -> None:
         """Count a candidate call the executor does not count itself (shadow calls, rescued calls)."""
@@ -103,7 +105,7 @@ class CandidateBreaker:
         with self._lock:
             if endpoint != self._watched or self.gate is None:
                 return
-        routing = CanaryRoute.PRIMARY if diverts(state, time.time()) else CanaryRoute.CANDIDATE
+        routing = CanaryRoute.PRIMARY if diverts(state, clock.now()) else CanaryRoute.CANDIDATE
         log.warning("candidate %s breaker %s: canary tickets go to the %s", endpoint, transitions, routing)
         try:
             append_event(

@@ -5,7 +5,8 @@ read at most `refresh_seconds` ago; the attempt then finishes on that endpoint w
 rollout does meanwhile. So a wave change or a rollback never moves a request that is running:
 a rollback only changes where the next attempts go, and since the claim lease fences every ticket
 to one attempt at a time, no ticket is lost or answered twice. The candidate's own breaker
-(worker/candidate_breaker.py) may send a canary ticket to the primary instead.
+(worker/candidate_breaker.py) may send a canary ticket to the primary instead; such a ticket
+counts as a `breaker` outcome of the candidate's arm, a failure for the wave judge.
 """
 
 from __future__ import annotations
@@ -44,12 +45,14 @@ class RolloutView:
 
 
 def call_outcome(error: VllmError | None) -> str:
-    """The arm outcome a call's error counts as (shared/rollout_stats.py)."""
+    """The arm outcome a call's error counts as (shared/rollout_stats.py): a 429 or 503 is a shed
+    only with a Retry-After (the endpoint turning work away under load); without one it is an
+    error, as the breaker counts it."""
     if error is None:
         return "ok"
     if not error.transient:
         return "client"
-    if error.status_code in SHED_STATUSES:
+    if error.status_code in SHED_STATUSES and error.retry_after is not None:
         return "shed"
     return "error"
 
@@ -183,6 +186,9 @@ class RolloutRouter:
         if routes_to_candidate(ticket.branch_id, rollout.status, rollout.wave):
             route = self.candidate_breaker.route(rollout.candidate_url)
             if route is CanaryRoute.PRIMARY:
+                # The breaker is the one judge of the candidate's health: a ticket it keeps off
+                # the candidate is the candidate's failure, so the wave judge sees what it saw.
+                self.record(rollout, "candidate", "breaker", None)
                 return ArmClient(self, primary, "primary", rollout)
             candidate = self.candidate_client(rollout.candidate_url)
             probe = route is CanaryRoute.PROBE
@@ -192,8 +198,6 @@ class RolloutRouter:
         return chosen
 
     def record(self, rollout: RolloutState, arm: str, outcome: str, ttft: float | None) -> None:
-        if arm == "candidate":
-            self.shadow.candidate_result(ok=outcome in ("ok", "client"))
         try:
             record_call(
                 self.redis,

@@ -3,9 +3,9 @@
 The shadow call runs after the primary answered, on a small pool of its own, so it never takes a
 claim slot or delays a ticket; its answer is only compared and recorded, never written to the
 ticket, so no branch sees it. It asks vLLM for a priority below every real ticket's, and it is
-skipped (not queued) at orange or red, while the candidate is failing or its breaker diverts its
-traffic (worker/candidate_breaker.py), and when the pool is busy. Shadow calls count on the
-candidate's breaker like its canary calls.
+skipped (not queued) at orange or red, while the candidate's breaker diverts its traffic (the one
+health state of the candidate, shared by every worker: worker/candidate_breaker.py), and when the
+pool is busy. Shadow calls count on the candidate's breaker like its canary calls.
 Sampling hashes the ticket id, so a ticket retried elsewhere is sampled alike by every worker.
 """
 
@@ -15,7 +15,6 @@ import difflib
 import hashlib
 import logging
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -37,8 +36,6 @@ log = logging.getLogger(__name__)
 
 SHADOW_PRIORITY = 10_000.0
 """Sent as the shadow call's priority: far past any type's base, so vLLM runs it after real tickets."""
-UNHEALTHY_BASE_SECONDS = 1.0
-UNHEALTHY_MAX_SECONDS = 30.0
 
 
 def sampled(ticket_id: str, fraction: float) -> bool:
@@ -87,24 +84,7 @@ class ShadowRunner:
         self.pool = ThreadPoolExecutor(max_workers=policy.shadow_concurrency, thread_name_prefix="shadow")
         self._lock = threading.Lock()
         self._busy = 0
-        self._failures = 0
-        self._unhealthy_until = 0.0
-        self.skipped: dict[str, int] = {"level": 0, "unhealthy": 0, "breaker": 0, "busy": 0}
-
-    def candidate_result(self, *, ok: bool) -> None:
-        """Feed the candidate's health from every call to it (canary or shadow)."""
-        with self._lock:
-            if ok:
-                self._failures = 0
-                self._unhealthy_until = 0.0
-                return
-            self._failures += 1
-            pause = min(UNHEALTHY_BASE_SECONDS * 2 ** (self._failures - 1), UNHEALTHY_MAX_SECONDS)
-            self._unhealthy_until = time.monotonic() + pause
-
-    def candidate_healthy(self) -> bool:
-        with self._lock:
-            return time.monotonic() >= self._unhealthy_until
+        self.skipped: dict[str, int] = {"level": 0, "breaker": 0, "busy": 0}
 
     def offer(self, rollout: RolloutState, ticket: Ticket, primary: Completion, max_tokens: int) -> bool:
         """Shadow `ticket` when it is sampled and nothing forbids it; True when a call was started."""
@@ -130,9 +110,7 @@ class ShadowRunner:
         if self.router.view().level >= AlarmLevel.ORANGE:
             return "level"
         if not self.router.candidate_breaker.allows_shadow(rollout.candidate_url):
-            return "breaker"  # shared by every worker, so it outranks this worker's own backoff
-        if not self.candidate_healthy():
-            return "unhealthy"
+            return "breaker"
         return None
 
     def _run(self, rollout: RolloutState, ticket: Ticket, primary: Completion, max_tokens: int) -> None:
@@ -168,11 +146,9 @@ class ShadowRunner:
         try:
             answer = client.run(shadow_ticket, max_tokens=max_tokens, handle=RequestHandle())
         except VllmError as error:
-            self.candidate_result(ok=not error.transient)
             self.router.candidate_breaker.record(client, not error.transient)
             record.update(candidate={"error": f"{error.kind.value}: {error.message}"}, similarity=None)
             return record
-        self.candidate_result(ok=True)
         self.router.candidate_breaker.record(client, True)
         similarity = difflib.SequenceMatcher(None, primary.text, answer.text).ratio()
         record.update(candidate=answer_figures(answer), similarity=round(similarity, 4))

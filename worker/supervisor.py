@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from shared import backoff
+
 log = logging.getLogger(__name__)
 
 STABLE_AFTER_SECONDS = 60.0
@@ -28,28 +30,24 @@ class PlanError(ValueError):
 
 
 def plan_targets(
-    gpus: str, vllm_urls: Sequence[str], device_count: Callable[[], int]
+    count: int | None, vllm_urls: Sequence[str], device_count: Callable[[], int]
 ) -> list[tuple[int, str]]:
-    """(GPU index, vLLM URL) of each child.
+    """(GPU index, vLLM URL) of each child; `count` is `--gpus N` (None: `--gpus all`).
 
     Several URLs: one child per URL (GPU i serves URL i). One URL: one child per GPU, all on that
     endpoint (a data-parallel vLLM, or the simulator with `--gpus N`). `--gpus N` fixes the count.
     """
     if not vllm_urls:
         raise PlanError("--vllm-url: at least one vLLM URL is needed")
-    if gpus == "all":
+    if count is None:
         count = len(vllm_urls) if len(vllm_urls) > 1 else device_count()
-    elif gpus.isdigit() and int(gpus) >= 1:
-        count = int(gpus)
-    else:
-        raise PlanError(f"--gpus {gpus!r} is not accepted; use all or a positive number")
     if count < 1:
         raise PlanError("--gpus all found no GPU on this node")
     if len(vllm_urls) == 1:
         return [(index, vllm_urls[0]) for index in range(count)]
     if len(vllm_urls) != count:
         raise PlanError(
-            f"--gpus {gpus} asks for {count} workers but {len(vllm_urls)} --vllm-url values were given; "
+            f"--gpus {count} asks for {count} workers but {len(vllm_urls)} --vllm-url values were given; "
             "give one URL per GPU, or a single URL for all"
         )
     return list(enumerate(vllm_urls))
@@ -124,8 +122,9 @@ class Supervisor:
                 continue
             ran = now - child.started_at
             child.restarts = 0 if ran >= STABLE_AFTER_SECONDS else child.restarts + 1
-            delay = min(self.backoff_max_seconds, self.backoff_base_seconds * 2 ** max(child.restarts - 1, 0))
-            delay = 0.0 if child.restarts == 0 else delay
+            # No jitter: each child restarts alone, so there is no crowd to spread.
+            ceiling = backoff.ceiling(child.restarts, self.backoff_base_seconds, self.backoff_max_seconds)
+            delay = 0.0 if child.restarts == 0 else ceiling
             child.next_start = now + delay
             log.warning("%s exited with %d after %.1f s; restarting in %.1f s", child.name, code, ran, delay)
 

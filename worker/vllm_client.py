@@ -11,15 +11,12 @@ transient (the ticket goes back to the queue); 4xx are permanent, carrying vLLM'
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
 import requests
@@ -27,105 +24,16 @@ from requests.adapters import HTTPAdapter
 
 from shared import clock, tracing
 from shared.models import Ticket
+from worker.request_handle import RequestAborted, RequestHandle, shutdown_socket
+from worker.vllm_errors import ErrorKind, VllmError, classify_status, error_message, retry_after_seconds
+
+__all__ = ["Completion", "ErrorKind", "RequestAborted", "RequestHandle", "VllmClient", "VllmError"]
 
 log = logging.getLogger(__name__)
 
 PRIORITY_SCALE = 100
 """vLLM's `priority` is an integer; tidegate's is a float with two meaningful decimals."""
 PRIORITY_DISABLED_HINT = "priority scheduling is not enabled"
-
-
-class ErrorKind(StrEnum):
-    """The `kind` label of `tidegate_vllm_errors_total`."""
-
-    CONNECT = "connection"
-    TIMEOUT = "timeout"
-    SERVER = "http_5xx"
-    OOM = "oom"
-    PROTOCOL = "protocol"
-    CLIENT = "http_4xx"
-
-
-TRANSIENT_KINDS = frozenset(
-    {ErrorKind.CONNECT, ErrorKind.TIMEOUT, ErrorKind.SERVER, ErrorKind.OOM, ErrorKind.PROTOCOL}
-)
-
-
-class VllmError(Exception):
-    """A failed call; `transient` tells whether another attempt may succeed."""
-
-    def __init__(
-        self,
-        kind: ErrorKind,
-        message: str,
-        *,
-        status_code: int | None = None,
-        retry_after: float | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.kind = kind
-        self.message = message
-        self.status_code = status_code
-        self.retry_after = retry_after
-
-    @property
-    def transient(self) -> bool:
-        return self.kind in TRANSIENT_KINDS
-
-
-class RequestAborted(Exception):
-    """The request was cut off on purpose (cancel, lost lease, expiry, shutdown); `reason` says which."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-class RequestHandle:
-    """What other threads see of a running request: whether its first token came, and `abort`.
-
-    Closing a socket from another thread does not wake a blocked read on Linux; shutting it down
-    does, so `abort` shuts down the response's socket and the reading thread sees the stream end.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._reason: str | None = None
-        self._closer: Callable[[], None] | None = None
-        self.first_token_at: float | None = None
-        """Set (once) by the reading thread; shutdown gives back tickets that have none."""
-
-    @property
-    def reason(self) -> str | None:
-        with self._lock:
-            return self._reason
-
-    def abort(self, reason: str) -> bool:
-        """Stop the request; False when it was already aborted (the first reason stands)."""
-        with self._lock:
-            if self._reason is not None:
-                return False
-            self._reason = reason
-            closer = self._closer
-        if closer is not None:
-            closer()
-        return True
-
-    def attach(self, closer: Callable[[], None]) -> None:
-        with self._lock:
-            self._closer = closer
-            aborted = self._reason is not None
-        if aborted:
-            closer()
-
-    def detach(self) -> None:
-        with self._lock:
-            self._closer = None
-
-    def check(self) -> None:
-        reason = self.reason
-        if reason is not None:
-            raise RequestAborted(reason)
 
 
 @dataclass(frozen=True)
@@ -150,57 +58,6 @@ class Completion:
             "finish_reason": self.finish_reason,
             "model": self.model,
         }
-
-
-def _shutdown_socket(response: requests.Response) -> Callable[[], None]:
-    def close() -> None:
-        sock = _socket_of(response)
-        if sock is not None:
-            # OSError: already closed by the peer, and the reader has its end of stream anyway.
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-        response.close()
-
-    return close
-
-
-def _socket_of(response: requests.Response) -> socket.socket | None:
-    raw: Any = response.raw
-    connection = getattr(raw, "_connection", None) or getattr(raw, "connection", None)
-    sock = getattr(connection, "sock", None)
-    if isinstance(sock, socket.socket):
-        return sock
-    fp = getattr(getattr(raw, "_fp", None), "fp", None)
-    sock = getattr(getattr(fp, "raw", None), "_sock", None)
-    return sock if isinstance(sock, socket.socket) else None
-
-
-def _error_message(body: Any, fallback: str) -> str:
-    if isinstance(body, dict):
-        error = body.get("error")
-        if isinstance(error, dict) and error.get("message"):
-            return str(error["message"])
-        if isinstance(error, str):
-            return error
-        if body.get("message"):
-            return str(body["message"])
-    return fallback
-
-
-def _classify_status(status: int, message: str, retry_after: float | None) -> VllmError:
-    if "out of memory" in message.lower():
-        return VllmError(ErrorKind.OOM, message, status_code=status, retry_after=retry_after)
-    if status >= 500 or status in (408, 429):
-        return VllmError(ErrorKind.SERVER, message, status_code=status, retry_after=retry_after)
-    return VllmError(ErrorKind.CLIENT, message, status_code=status)
-
-
-def _retry_after(response: requests.Response) -> float | None:
-    value = response.headers.get("Retry-After", "")
-    try:
-        return float(value) if value else None
-    except ValueError:
-        return None
 
 
 class VllmClient:
@@ -249,7 +106,7 @@ class VllmClient:
         except requests.RequestException as exc:
             raise VllmError(ErrorKind.CONNECT, f"cannot reach {url}: {exc}") from exc
         if response.status_code != 200:
-            raise _classify_status(response.status_code, f"{url} answered {response.status_code}", None)
+            raise classify_status(response.status_code, f"{url} answered {response.status_code}", None)
         data = response.json().get("data") or []
         if not data:
             raise VllmError(ErrorKind.PROTOCOL, f"{url} lists no served model")
@@ -336,15 +193,15 @@ class VllmClient:
         except requests.Timeout as exc:
             handle.check()
             raise VllmError(ErrorKind.TIMEOUT, f"vLLM sent no answer within {remaining:.1f} s") from exc
-        handle.attach(_shutdown_socket(response))
+        handle.attach(shutdown_socket(response))
         try:
             if response.status_code != 200:
                 try:
                     payload: Any = response.json()
                 except ValueError:
                     payload = None
-                message = _error_message(payload, f"HTTP {response.status_code}: {response.text[:200]}")
-                raise _classify_status(response.status_code, message, _retry_after(response))
+                message = error_message(payload, f"HTTP {response.status_code}: {response.text[:200]}")
+                raise classify_status(response.status_code, message, retry_after_seconds(response))
             return self._read_stream(ticket, response, handle, started, on_text)
         finally:
             handle.detach()
@@ -373,10 +230,10 @@ class VllmClient:
                     break
                 data = json.loads(event)
                 if "error" in data or data.get("object") == "error":
-                    message = _error_message(data, "vLLM reported an error mid-stream")
+                    message = error_message(data, "vLLM reported an error mid-stream")
                     error = data.get("error")
                     code = error.get("code") if isinstance(error, dict) else data.get("code")
-                    raise _classify_status(int(code) if isinstance(code, int) else 500, message, None)
+                    raise classify_status(int(code) if isinstance(code, int) else 500, message, None)
                 model = str(data.get("model") or model)
                 if data.get("usage"):
                     usage = data["usage"]

@@ -2,15 +2,15 @@
 
 Each ticket that fails goes back with its own backoff, but without this a worker would at once
 claim the next ticket and fail it too, burning every ticket's attempts against a dead server.
-After a transient failure the worker pauses claiming (exponentially longer, with jitter, or
-as long as vLLM's `Retry-After` asks) and then probes with one ticket until a call succeeds.
+After a transient failure the worker pauses claiming (shared/backoff.py, or as long as vLLM's
+`Retry-After` asks, whichever is longer) and then probes with one ticket until a call succeeds.
 """
 
 from __future__ import annotations
 
-import random
 import threading
-import time
+
+from shared import backoff, clock
 
 
 class VllmHealth:
@@ -48,12 +48,11 @@ class VllmHealth:
         request in flight at once) and do not lengthen it.
         """
         with self._lock:
-            now = time.monotonic()
+            now = clock.monotonic()
             if now < self._paused_until:
                 return self._paused_until - now
             self._failures += 1
-            ceiling = min(self.max_seconds, self.base_seconds * 2 ** (self._failures - 1))
-            pause = random.uniform(ceiling / 2, ceiling)
+            pause = backoff.full_jitter(self._failures, self.base_seconds, self.max_seconds)
             if retry_after is not None:
                 pause = max(pause, min(retry_after, self.max_seconds))
             self._paused_until = now + pause
@@ -61,4 +60,4 @@ class VllmHealth:
 
     def pause_remaining(self) -> float:
         with self._lock:
-            return max(self._paused_until - time.monotonic(), 0.0)
+            return max(self._paused_until - clock.monotonic(), 0.0)

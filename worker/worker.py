@@ -109,6 +109,9 @@ class Worker:
     ) -> None:
         self.config = config
         self.policy = policy
+        self.lease_seconds = (
+            policy.queue.lease_seconds if config.lease_seconds is None else config.lease_seconds
+        )
         self.queue = TicketQueue(redis, policy, config.queue_name, replica_acks=config.replica_acks)
         """The first queue served: its keys hold this worker's breakers and rollout."""
         self.queues: Queues = self.queue
@@ -166,7 +169,7 @@ class Worker:
         )
         self.pool = ThreadPoolExecutor(max_workers=config.max_batch, thread_name_prefix="ticket")
         self.claim_loop = self._claim_loop()
-        self.leases = LeaseKeeper(self.queues, self.inflight, config.lease_seconds)
+        self.leases = LeaseKeeper(self.queues, self.inflight, self.lease_seconds)
         self.registry: WorkerRegistry | RegistrySet = (
             RegistrySet(redis, self.queues, config.worker_id, config.heartbeat_seconds)
             if isinstance(self.queues, QueueSet)
@@ -187,7 +190,7 @@ class Worker:
             writer=self.writer,
             start=self._start_ticket,
             stop=self.stop_requested,
-            lease_seconds=self.config.lease_seconds,
+            lease_seconds=self.lease_seconds,
             block_seconds=self.config.block_seconds,
             burst=self.config.burst,
             limits=self.limits,
@@ -237,7 +240,7 @@ class Worker:
             self.config.vllm_url,
             model,
             self.config.max_batch,
-            self.config.lease_seconds,
+            self.lease_seconds,
         )
         self.housekeeping.resize()
         self.housekeeping.heartbeat()

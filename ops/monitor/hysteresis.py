@@ -49,6 +49,9 @@ class AlarmTracker:
 
     def observe(self, depth: int, now: float) -> list[Transition]:
         """Feed one sample; returns the transitions it causes, oldest first (usually none)."""
+        if self.since is None:
+            # The level held before any transition began with the first sample, not with each one.
+            self.since = now
         transitions: list[Transition] = []
         for level in (AlarmLevel.YELLOW, AlarmLevel.ORANGE, AlarmLevel.RED):
             if level > self.level and depth > self.alarms.threshold(level):

@@ -249,7 +249,7 @@ class Monitor:
     ) -> None:
         alarm = {
             "level": tracker.level.label,
-            "since": repr(tracker.since if tracker.since is not None else at),
+            "since": repr(tracker.since),
             "depth": sample.depth,
             "updated_at": repr(at),
         }

@@ -1,6 +1,7 @@
 """The monitor's part of a rollout: judge each wave, advance it at its end or roll back.
 
-`judge` is pure: the candidate's error rate, shed rate and TTFT p95 over the wave against the
+`judge` is pure: the candidate's error rate (its failed calls and the canary tickets its breaker
+kept off it, shared/rollout_stats.py), shed rate and TTFT p95 over the wave against the
 control's (the primary's calls in the same wave, so the same interval). A candidate short of
 `min_samples` calls is not judged: the wave holds until it has them, because advancing on no
 evidence would roll the candidate out blind. A control short of samples (late waves, when most
@@ -49,7 +50,7 @@ def _figures(candidate: ArmStats, control: ArmStats) -> dict[str, str | int | fl
     out: dict[str, str | int | float] = {}
     for prefix, arm in (("candidate", candidate), ("control", control)):
         out[f"{prefix}_calls"] = arm.calls
-        out[f"{prefix}_error_rate"] = round(arm.rate("error"), 4)
+        out[f"{prefix}_error_rate"] = round(arm.error_rate, 4)
         out[f"{prefix}_shed_rate"] = round(arm.rate("shed"), 4)
         p95 = arm.ttft_p95
         out[f"{prefix}_ttft_p95"] = "" if p95 is None else round(p95, 4)
@@ -64,9 +65,12 @@ def judge(candidate: ArmStats, control: ArmStats, policy: RolloutPolicy) -> Verd
             "hold", f"the candidate answered {candidate.calls} of {policy.min_samples} calls", figures
         )
     control_judged = control.calls >= policy.min_samples
-    for outcome, margin in (("error", policy.error_rate_margin), ("shed", policy.shed_rate_margin)):
-        cand_rate = candidate.rate(outcome)
-        ctrl_rate = control.rate(outcome) if control_judged else 0.0
+    compared = (
+        ("error", candidate.error_rate, control.error_rate, policy.error_rate_margin),
+        ("shed", candidate.rate("shed"), control.rate("shed"), policy.shed_rate_margin),
+    )
+    for outcome, cand_rate, control_rate, margin in compared:
+        ctrl_rate = control_rate if control_judged else 0.0
         if cand_rate > ctrl_rate + margin:
             return Verdict(
                 "rollback",

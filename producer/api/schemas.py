@@ -292,6 +292,15 @@ class BreakerSummary(BaseModel):
     model: str
     version: str
     fallback: str = Field(description="a fallback's pairing: matched, mismatched, unknown (else empty)")
+    since: float | None = Field(
+        default=None, description="Unix time the level or phase last changed (None: never tripped)"
+    )
+    error_rates: dict[str, float] = Field(
+        default_factory=dict, description="error rate (0..1) per window now: instant, sustained, deep"
+    )
+    requests: dict[str, int] = Field(
+        default_factory=dict, description="requests counted per window now: instant, sustained, deep"
+    )
 
 
 class RolloutArmView(BaseModel):

@@ -15,6 +15,9 @@ ARGV[5] t, the number of transitions
 ARGV[6 .. 5+t] transitions ("instant:opened", "deep:on", ...)
 ARGV[6+t ..] field, value pairs of the new state
 
+A commit that carries transitions also stamps `changed_at` (ARGV[3]): the moment the breaker's
+level or phase last moved, which status shows as "since".
+
 Returns 1 when written, 0 when the version had moved on (nothing written).
 ]]
 
@@ -29,6 +32,9 @@ for i = 6 + t, #ARGV do
 end
 redis.call('HSET', KEYS[1], 'version', version + 1, 'endpoint', ARGV[2], 'updated_at', ARGV[3], unpack(fields))
 redis.call('SADD', KEYS[2], ARGV[2])
+if t > 0 then
+  redis.call('HSET', KEYS[1], 'changed_at', ARGV[3])
+end
 for i = 6, 5 + t do
   redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[4], '*',
     'kind', 'breaker', 'at', ARGV[3], 'endpoint', ARGV[2], 'transition', ARGV[i])

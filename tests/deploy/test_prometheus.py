@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 
-from shared.config import Settings
 from tests.deploy.deploy_files import (
     ALERT_TESTS,
     PROMETHEUS_DIR,
@@ -22,6 +21,7 @@ from tests.deploy.deploy_files import (
     policy_thresholds,
     unknown_metrics,
 )
+from worker.config import WorkerConfig
 
 CONFIG = PROMETHEUS_DIR / "prometheus.yml"
 RULES = PROMETHEUS_DIR / "alerts.yml"
@@ -98,7 +98,7 @@ def test_depth_thresholds_follow_the_policy() -> None:
 
 
 def test_kv_alert_uses_the_high_watermark() -> None:
-    watermark = Settings.model_fields["kv_high_watermark"].default
+    watermark = WorkerConfig.model_fields["kv_high_watermark"].default
     assert rules()["TidegateKvCacheHigh"]["expr"].endswith(f"> {watermark}")
 
 

@@ -5,7 +5,6 @@ version matches, never to the mismatched one; deep pages once."""
 
 from __future__ import annotations
 
-import time
 import tomllib
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -17,6 +16,7 @@ from redis import Redis
 from ops.lab.sim.process import SimulatorProcess
 from ops.monitor.loop import Monitor, MonitorConfig
 from producer.producer import Producer
+from shared import clock
 from shared.breaker import Phase
 from shared.breaker_store import BreakerStore
 from shared.control import read_events
@@ -25,7 +25,8 @@ from shared.policy import BreakerPolicy, HooksPolicy, Policy
 from shared.queue import TicketQueue
 from shared.shed import ShedCode
 from tests.monitor.support import RqQueues
-from tests.worker.conftest import RunningWorker, sim_metric, wait_for
+from tests.waiting import wait_until
+from tests.worker.conftest import RunningWorker, sim_metric
 from worker.config import WorkerConfig
 from worker.worker import Worker
 
@@ -118,7 +119,7 @@ def _ended(queue: TicketQueue, ids: list[str]) -> list[Ticket] | None:
 
 
 def _phase(store: BreakerStore, endpoint: str) -> Phase:
-    return store.read(endpoint).phase(time.time())
+    return store.read(endpoint).phase(clock.now())
 
 
 @pytest.mark.parametrize("ladder", [(BREAKER, 3)], indirect=True)
@@ -130,7 +131,7 @@ def test_instant_refuses_and_holds_deep_pages_once_probes_close(
     producer: Producer = ladder["producer"]
     primary = ladder["primary"].base_url.split("://")[1]
     healthy = _submit(producer, 6)
-    wait_for(lambda: _ended(queue, healthy), 20, "healthy tickets done")
+    wait_until(lambda: _ended(queue, healthy), 20, "healthy tickets done")
     pairing = {v.endpoint: v.as_dict()["fallback"] for v in store.views()}
     assert pairing[ladder["matched"].base_url.split("://")[1]] == "matched"
     assert pairing[ladder["mismatched"].base_url.split("://")[1]] == "mismatched"
@@ -140,15 +141,16 @@ def test_instant_refuses_and_holds_deep_pages_once_probes_close(
     # opens within its window and refuses new tickets.
     _faults(ladder["primary"], error_rate=1.0, error_status=503, extra_latency_s=0.3)
     held = _submit(producer, 12)
-    wait_for(lambda: _phase(store, primary) is Phase.OPEN, 5, "the primary's circuit to open")
+    wait_until(lambda: _phase(store, primary) is Phase.OPEN, 5, "the primary's circuit to open")
     refused = producer.submit({"type": "complaint", "branch_id": "b1", "prompt": "hello", "max_tokens": 8})
     assert refused.outcome == "rejected" and refused.code is ShedCode.CIRCUIT_OPEN
     assert (
         refused.retry_after is not None
         and 0 < refused.retry_after <= ladder["policy"].breaker.instant.open_seconds
     )
-    time.sleep(0.5)
-    assert queue.stats().inflight == 0  # nothing is sent while open: the tickets wait
+    # Nothing is sent while open: the calls out when it opened end, and the tickets wait.
+    wait_until(lambda: queue.stats().inflight == 0, 5, "the calls out when the circuit opened to end")
+    assert _phase(store, primary) is Phase.OPEN, "the test outran open_seconds"
     assert max(t.attempts for t in queue.get_many(held) if t) <= 1
 
     # Deep (and sustained) tripped with it: the monitor pages once, however often it samples.
@@ -164,8 +166,8 @@ def test_instant_refuses_and_holds_deep_pages_once_probes_close(
 
     # Recovery: half-open probes close the circuit and the held tickets finish, none failed.
     _faults(ladder["primary"], error_rate=0.0, extra_latency_s=0.0)
-    wait_for(lambda: _phase(store, primary) is Phase.CLOSED, 10, "half-open probes to close the circuit")
-    tickets = wait_for(lambda: _ended(queue, held), 30, "held tickets to finish")
+    wait_until(lambda: _phase(store, primary) is Phase.CLOSED, 10, "half-open probes to close the circuit")
+    tickets = wait_until(lambda: _ended(queue, held), 30, "held tickets to finish")
     assert {t.status for t in tickets} == {TicketStatus.DONE}, [(t.status, t.error) for t in tickets]
     assert sim_metric(ladder["mismatched"].base_url, "vllm:prompt_tokens_total") == 0
     transitions = [
@@ -181,17 +183,17 @@ def test_sustained_errors_go_to_the_version_matched_fallback_only(ladder: dict[s
     queue: TicketQueue = ladder["queue"]
     producer: Producer = ladder["producer"]
     primary = ladder["primary"].base_url.split("://")[1]
-    wait_for(lambda: len(store.views()) == 3, 10, "the worker to pair its fallbacks")
+    wait_until(lambda: len(store.views()) == 3, 10, "the worker to pair its fallbacks")
     _faults(ladder["primary"], error_rate=0.5, error_status=500)
     ids: list[str] = []
-    wait_for(
+    wait_until(
         lambda: ids.extend(_submit(producer, 2)) or store.read(primary).sustained,
         15,
         "the sustained rung to switch on",
         interval=0.05,
     )
     ids += _submit(producer, 10)
-    tickets = wait_for(lambda: _ended(queue, ids), 40, "every ticket to end")
+    tickets = wait_until(lambda: _ended(queue, ids), 40, "every ticket to end")
     assert {t.status for t in tickets} == {TicketStatus.DONE}, [(t.status, t.error) for t in tickets]
     models = {t.usage.get("model") for t in tickets if t.usage}
     assert MATCHED_MODEL in models

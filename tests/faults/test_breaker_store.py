@@ -4,17 +4,19 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from typing import cast
 
+import pytest
 from redis import Redis
 
+from shared import clock
 from shared.breaker import Phase
 from shared.breaker_store import BreakerStore
 from shared.control import read_events
 from shared.keys import QueueKeys
 from shared.policy import BreakerLevelPolicy, BreakerPolicy, InstantPolicy
+from tests.fake_clock import FakeClock
 
 POLICY = BreakerPolicy(
     min_requests=5,
@@ -49,28 +51,38 @@ def _transitions(redis_client: Redis, keys: QueueKeys) -> list[str]:
     return sorted(e["transition"] for e in events if e.get("kind") == "breaker")
 
 
-def test_concurrent_failures_open_once_and_one_probe_closes(redis_client: Redis, queue_name: str) -> None:
+@pytest.fixture
+def fake_clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    """Real time to start with (bucket TTLs are Redis's own), then moved by the test."""
+    return FakeClock(clock.now()).install(monkeypatch)
+
+
+def test_concurrent_failures_open_once_and_one_probe_closes(
+    redis_client: Redis, queue_name: str, fake_clock: FakeClock
+) -> None:
     keys = QueueKeys(queue_name)
     stores = [BreakerStore(redis_client, keys, POLICY) for _ in range(THREADS)]
     store = stores[0]
     for _ in range(2):
         store.record("vllm-a:8000", True)
-    assert store.read("vllm-a:8000").phase(time.time()) is Phase.CLOSED
+    assert store.read("vllm-a:8000").phase(clock.now()) is Phase.CLOSED
     it = iter(stores)
     _together(THREADS, lambda: next(it).record("vllm-a:8000", False))
     state = store.read("vllm-a:8000")
-    assert state.phase(time.time()) is Phase.OPEN
+    assert state.phase(clock.now()) is Phase.OPEN
     assert _transitions(redis_client, keys) == ["deep:on", "instant:opened", "sustained:on"]
 
     assert not store.take_probe("vllm-a:8000")  # still open
-    time.sleep(POLICY.instant.open_seconds + 0.05)
+    fake_clock.advance(POLICY.instant.open_seconds + 0.05)
     probes = _together(THREADS, lambda: store.take_probe("vllm-a:8000"))
     assert probes.count(True) == 1
     closed, transitions = store.record("vllm-a:8000", True, probe=True)
-    assert transitions == ["instant:closed"] and closed.phase(time.time()) is Phase.CLOSED
+    assert transitions == ["instant:closed"] and closed.phase(clock.now()) is Phase.CLOSED
 
 
-def test_buckets_expire_and_an_emptied_window_clears_its_rung(redis_client: Redis, queue_name: str) -> None:
+def test_buckets_expire_and_an_emptied_window_clears_its_rung(
+    redis_client: Redis, queue_name: str, fake_clock: FakeClock
+) -> None:
     keys = QueueKeys(queue_name)
     store = BreakerStore(redis_client, keys, POLICY)
     for _ in range(6):
@@ -81,7 +93,7 @@ def test_buckets_expire_and_an_emptied_window_clears_its_rung(redis_client: Redi
         for k in redis_client.scan_iter(match=keys.breaker("vllm-b:8000") + ":*")
     ]
     assert bucket_ttls and all(0 < ttl <= 2 * POLICY.deep.window_seconds for ttl in bucket_ttls)
-    time.sleep(POLICY.deep.window_seconds + 0.2)
+    fake_clock.advance(POLICY.deep.window_seconds + 0.2)
     state, transitions = store.record("vllm-b:8000", None)
     assert set(transitions) == {"sustained:off", "deep:off"}
     assert not state.sustained and not state.deep

@@ -26,7 +26,8 @@ from shared.policy import Policy
 from shared.queue import TicketQueue
 from shared.redis_conn import CONNECT_TIMEOUT_SECONDS, READ_TIMEOUT_SECONDS, make_client
 from tests.producer.api.server import serve
-from tests.worker.conftest import RunningWorker, wait_for
+from tests.waiting import wait_until
+from tests.worker.conftest import RunningWorker
 from worker.config import WorkerConfig
 from worker.gpu_memory import make_provider
 from worker.worker import Worker
@@ -162,10 +163,10 @@ def _stall_scenario(
         assert all(s == 503 and t <= ANSWER_BOUND_SECONDS for s, _, t in burst), burst
 
         # After the stall: the API answers at once and the worker finishes every ticket, once each.
-        wait_for(lambda: _call(branch, base, _routes(ids[0])[0])[0] == 200, 10, "healthz after the stall")
+        wait_until(lambda: _call(branch, base, _routes(ids[0])[0])[0] == 200, 10, "healthz after the stall")
         ids.append(branch.post(base + "/v1/tickets", json=_body(200), timeout=10).json()["id"])
         queue = TicketQueue(client, fast_policy, queue_name)
-        wait_for(
+        wait_until(
             lambda: all(t is not None and t.status is TicketStatus.DONE for t in queue.get_many(ids)),
             60,
             "every ticket done after the stall",

@@ -19,14 +19,13 @@ from ops.monitor.dispatch import JobOptions
 from ops.monitor.loop import Monitor, MonitorConfig
 from shared import clock
 from shared.policy import Policy
-from tests.monitor.support import FakeClock, Recorder, RqQueues
+from tests.fake_clock import FakeClock
+from tests.monitor.support import Recorder, RqQueues
 
 
 @pytest.fixture
 def fake_clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
-    fake = FakeClock(clock.now())
-    monkeypatch.setattr(clock, "now", fake)
-    return fake
+    return FakeClock(clock.now()).install(monkeypatch)
 
 
 @pytest.fixture

@@ -15,20 +15,6 @@ from shared.models import TicketRequest
 from shared.queue import TicketQueue
 
 
-class FakeClock:
-    """Replaces `shared.clock.now` everywhere; starts at the real time so Redis TTLs stay sane."""
-
-    def __init__(self, start: float) -> None:
-        self.at = start
-
-    def __call__(self) -> float:
-        return self.at
-
-    def advance(self, seconds: float) -> float:
-        self.at += seconds
-        return self.at
-
-
 @dataclass(frozen=True)
 class RqQueues:
     jobs: JobOptions

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import shlex
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +16,10 @@ from ops.monitor.loop import Monitor
 from ops.monitor.rq_worker import start_worker_process, stop_worker_process
 from shared.control import read_events
 from shared.policy import AlarmLevel, HooksPolicy, Policy
+from tests.fake_clock import FakeClock
 from tests.monitor.conftest import MonitorFactory
-from tests.monitor.support import FakeClock, RqQueues, fill
+from tests.monitor.support import RqQueues, fill
+from tests.waiting import wait_until
 
 
 def with_hooks(policy: Policy, **hooks: Any) -> Policy:
@@ -190,10 +191,12 @@ def test_the_monitors_own_rq_worker_process_runs_the_actions(
     try:
         fill(monitor.queue, 31)
         monitor.tick()
-        deadline = time.monotonic() + 30
-        while ("scale_out", "done") not in actions(redis_client, monitor):
-            assert time.monotonic() < deadline, "the rq worker process did not run the action"
-            time.sleep(0.1)
+        wait_until(
+            lambda: ("scale_out", "done") in actions(redis_client, monitor),
+            30,
+            "the rq worker process to run the action",
+            interval=0.1,
+        )
     finally:
         stop_worker_process(worker)
     assert not worker.is_alive()

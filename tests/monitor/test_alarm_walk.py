@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import threading
-import time
 
 from redis import Redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from ops.monitor.loop import Monitor, MonitorConfig, TickResult
-from shared.control import read_control_state, read_events
+from shared.control import STALE_AFTER_SECONDS, read_control_state, read_events
 from shared.policy import AlarmLevel, Policy
+from tests.fake_clock import FakeClock
 from tests.monitor.conftest import MonitorFactory
-from tests.monitor.support import FakeClock, fill
+from tests.monitor.support import fill
 
 
 def alarm_events(redis_client: Redis, monitor: Monitor) -> list[tuple[str, str, int]]:
@@ -111,7 +111,7 @@ def test_expired_tickets_leave_the_depth_even_without_workers(
     fill(monitor.queue, 35, "loan_approval")  # 30 s TTL
     assert monitor.tick().level is AlarmLevel.YELLOW
     fake_clock.advance(31.0)
-    time.sleep(0.05)  # the sweep lock's expiry is real Redis time
+    redis_client.delete(monitor.queue.keys.reaper_lock)  # the last sweep's lock lapses in real time
     result = monitor.tick()
     assert result.sample is not None and result.sample.depth == 0
     assert result.sample.stats.outcome_count("loan_approval", "expired") == 35
@@ -133,3 +133,32 @@ def test_an_unreachable_redis_is_reported_and_the_loop_keeps_sampling(policy: Po
     runner.join(10)
     assert not runner.is_alive()
     assert len(results) == 3 and all((r.error or "").startswith("Redis error") for r in results)
+
+
+def test_level_since_stays_put_while_nothing_changes(
+    make_monitor: MonitorFactory, redis_client: Redis, fake_clock: FakeClock
+) -> None:
+    monitor = make_monitor()
+    first = fake_clock.at
+    for _ in range(3):
+        assert monitor.tick().level is AlarmLevel.GREEN
+        fake_clock.advance(1.5)
+    state, _ = read_control_state(redis_client, monitor.keys, monitor.policy.alarms)
+    assert state.level_since == first
+    # A monitor taking over carries the published moment on.
+    successor = make_monitor()
+    monitor.leadership.release()
+    fake_clock.advance(1.5)
+    assert successor.tick().acting
+    state, _ = read_control_state(redis_client, monitor.keys, monitor.policy.alarms)
+    assert state.level_since == first
+
+
+def test_a_level_derived_from_depth_has_no_since(
+    make_monitor: MonitorFactory, redis_client: Redis, fake_clock: FakeClock
+) -> None:
+    monitor = make_monitor()
+    assert monitor.tick().acting
+    fake_clock.advance(STALE_AFTER_SECONDS + 1)  # the monitor has died: its level is not trusted
+    state, _ = read_control_state(redis_client, monitor.keys, monitor.policy.alarms)
+    assert not state.level_is_published and state.level_since is None

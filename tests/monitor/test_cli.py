@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import requests
@@ -22,6 +21,7 @@ from shared.queue import TicketQueue
 from tests.conftest import RunCli as Run
 from tests.monitor.support import RqQueues, fill
 from tests.redis_cluster import suite_env
+from tests.waiting import wait_until
 
 
 def test_mode_set_and_show_are_recorded_and_enforced(
@@ -147,10 +147,12 @@ def test_one_monitor_process_watches_several_queues_and_serves_their_metrics(
     )
     keys = [QueueKeys(queue_name), QueueKeys(second_queue)]
     try:
-        deadline = time.monotonic() + 30
-        while not all(redis_client.hget(k.alarm, "level") for k in keys):
-            assert monitor.poll() is None and time.monotonic() < deadline, "both queues' alarms published"
-            time.sleep(0.1)
+
+        def published() -> bool:
+            assert monitor.poll() is None, "the monitor exited"
+            return all(redis_client.hget(k.alarm, "level") for k in keys)
+
+        wait_until(published, 30, "both queues' alarms published", interval=0.1)
         assert [redis_client.hget(k.alarm, "level") for k in keys] == ["yellow", "green"]
         body = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
         families = {f.name: f for f in text_string_to_metric_families(body)}

@@ -124,3 +124,12 @@ def test_dips_shorter_than_the_hold_never_clear(period: int, cycles: int) -> Non
     depths = ([10] * period + [48]) * cycles  # well under orange's clear line, then back over it
     transitions = walk(tracker, depths)
     assert transitions == [] and tracker.level is ORANGE
+
+
+def test_since_is_the_first_sample_while_the_level_holds() -> None:
+    tracker = AlarmTracker(ALARMS)
+    for at in (10.0, 11.0, 12.0):
+        assert tracker.observe(0, at) == []
+    assert tracker.level is GREEN and tracker.since == 10.0
+    tracker.observe(40, 13.0)
+    assert tracker.since == 13.0

@@ -18,6 +18,7 @@ from shared.keys import QueueKeys
 from shared.policy import AlarmLevel
 from tests.monitor.conftest import MonitorFactory
 from tests.monitor.support import fill
+from tests.waiting import wait_until, waited
 
 
 def alarm_count(redis_client: Redis, keys: QueueKeys) -> int:
@@ -40,10 +41,7 @@ def test_only_one_of_two_monitors_acts_and_the_other_takes_over(
     assert acting_monitor(redis_client, first.keys) == "monitor-a"
 
     # monitor-a dies (stops renewing without releasing); monitor-b acts within the lock's expiry.
-    died = time.monotonic()
-    while not second.tick().acting:
-        assert time.monotonic() - died < 0.6 + 0.3, "standby did not take over within the lock expiry"
-        time.sleep(0.05)
+    waited(lambda: second.tick().acting, 0.6 + 0.3, "the standby to take over within the lock expiry")
     assert acting_monitor(redis_client, first.keys) == "monitor-b"
     fill(first.queue, 20)
     assert second.tick().level is AlarmLevel.ORANGE
@@ -100,21 +98,12 @@ def spawn_monitor(redis_url: str, queue_name: str) -> Iterator[object]:
             process.wait(10)
 
 
-def wait_for(condition: object, timeout: float) -> float:
-    start = time.monotonic()
-    while time.monotonic() - start < timeout:
-        if condition():  # type: ignore[operator]
-            return time.monotonic() - start
-        time.sleep(0.05)
-    raise AssertionError(f"condition not met within {timeout} s")
-
-
 def test_killing_the_acting_process_hands_over_within_the_lock_expiry(
     spawn_monitor: object, redis_client: Redis, queue_name: str
 ) -> None:
     keys = QueueKeys(queue_name)
     processes = [spawn_monitor(), spawn_monitor()]  # type: ignore[operator]
-    wait_for(lambda: acting_monitor(redis_client, keys) is not None, 30)
+    wait_until(lambda: acting_monitor(redis_client, keys) is not None, 30, "a monitor to act")
     holder = acting_monitor(redis_client, keys)
     assert holder is not None
     pid = int(holder.split(":")[1])
@@ -122,12 +111,14 @@ def test_killing_the_acting_process_hands_over_within_the_lock_expiry(
     assert pid in by_pid
     standby = next(p for p in processes if p.pid != pid)
     # Both are up: the standby has sampled at least once before the kill.
-    wait_for(lambda: redis_client.hget(keys.alarm, "updated_at") is not None, 10)
+    wait_until(lambda: redis_client.hget(keys.alarm, "updated_at") is not None, 10, "a first sample")
     time.sleep(1.0)
 
     by_pid[pid].send_signal(signal.SIGKILL)
     by_pid[pid].wait(10)
-    took = wait_for(lambda: str(standby.pid) in (acting_monitor(redis_client, keys) or "").split(":"), 10)
+    took = waited(
+        lambda: str(standby.pid) in (acting_monitor(redis_client, keys) or "").split(":"), 10, "the takeover"
+    )
     assert took <= 1.5 + 0.5, f"takeover took {took:.2f} s"
 
     standby.send_signal(signal.SIGTERM)  # a clean stop releases the lock at once

@@ -12,8 +12,9 @@ from shared.control import Mode, set_mode
 from shared.metrics import QUEUE_WAIT_SECONDS, build_registry, render, serve
 from shared.policy import Policy
 from shared.queue import TicketQueue
+from tests.fake_clock import FakeClock
 from tests.monitor.conftest import MonitorFactory
-from tests.monitor.support import FakeClock, fill
+from tests.monitor.support import fill
 
 
 def test_collector_reports_queue_alarm_mode_outcomes_and_workers(

@@ -14,8 +14,9 @@ from shared.policy import HooksPolicy, Policy, RolloutPolicy
 from shared.rollout import RolloutState, RolloutStatus
 from shared.rollout_stats import ArmStats, record_call
 from shared.rollout_store import RolloutError, RolloutStore
+from tests.fake_clock import FakeClock
 from tests.monitor.conftest import MonitorFactory
-from tests.monitor.support import FakeClock, RqQueues
+from tests.monitor.support import RqQueues
 
 POLICY = RolloutPolicy(
     min_samples=10,
@@ -26,8 +27,10 @@ POLICY = RolloutPolicy(
 )
 
 
-def arm(name: str, ok: int, error: int = 0, shed: int = 0, ttft: float = 0.1, client: int = 0) -> ArmStats:
-    counts = {"ok": ok, "error": error, "shed": shed, "client": client}
+def arm(
+    name: str, ok: int, error: int = 0, shed: int = 0, ttft: float = 0.1, client: int = 0, breaker: int = 0
+) -> ArmStats:
+    counts = {"ok": ok, "error": error, "shed": shed, "client": client, "breaker": breaker}
     return ArmStats(name, counts, tuple([ttft] * ok))
 
 
@@ -38,6 +41,14 @@ def arm(name: str, ok: int, error: int = 0, shed: int = 0, ttft: float = 0.1, cl
         (arm("candidate", 9, client=5), arm("primary", 50), "hold", "9 of 10"),
         (arm("candidate", 20, error=2), arm("primary", 50), "rollback", "error rate 9.1%"),
         (arm("candidate", 20, error=1), arm("primary", 50, error=3), "advance", "within"),
+        # Tickets its breaker kept off the candidate are its failures: 2 errors + 2 diverted of 24.
+        (
+            arm("candidate", 20, error=2, breaker=2),
+            arm("primary", 50, error=3),
+            "rollback",
+            "error rate 16.7%",
+        ),
+        (arm("candidate", 0, breaker=10), arm("primary", 50), "rollback", "error rate 100.0%"),
         (arm("candidate", 20, shed=3), arm("primary", 50), "rollback", "shed rate"),
         (arm("candidate", 20, ttft=0.13), arm("primary", 50, ttft=0.1), "rollback", "TTFT p95 0.130"),
         (arm("candidate", 20, ttft=0.015), arm("primary", 50, ttft=0.005), "advance", "within"),

@@ -8,7 +8,8 @@ from redis import Redis
 from ops.monitor.sampler import RateWindow, Sampler
 from ops.monitor.scaling import ScalingConfig, desired_workers
 from shared.queue import TicketQueue
-from tests.monitor.support import FakeClock, fill
+from tests.fake_clock import FakeClock
+from tests.monitor.support import fill
 
 
 def test_rate_window_measures_growth_over_the_window() -> None:

@@ -14,8 +14,9 @@ from shared.keys import QueueKeys
 from shared.models import TicketStatus
 from shared.policy import AlarmLevel, Policy
 from shared.shed import ShedCode
+from tests.fake_clock import FakeClock
 from tests.monitor.conftest import MonitorFactory
-from tests.monitor.support import FakeClock, fill
+from tests.monitor.support import fill
 
 
 def state(level: AlarmLevel = AlarmLevel.GREEN, **fields: object) -> ControlState:

@@ -74,8 +74,9 @@ def test_shadow_sampling_takes_its_fraction_the_same_way_everywhere() -> None:
         (None, "ok"),
         (VllmError(ErrorKind.CONNECT, "refused"), "error"),
         (VllmError(ErrorKind.SERVER, "boom", status_code=500), "error"),
-        (VllmError(ErrorKind.SERVER, "busy", status_code=429), "shed"),
-        (VllmError(ErrorKind.SERVER, "busy", status_code=503), "shed"),
+        (VllmError(ErrorKind.SERVER, "busy", status_code=429, retry_after=1.0), "shed"),
+        (VllmError(ErrorKind.SERVER, "busy", status_code=503, retry_after=2.0), "shed"),
+        (VllmError(ErrorKind.SERVER, "down", status_code=503), "error"),  # no Retry-After: a failure
         (VllmError(ErrorKind.CLIENT, "bad request", status_code=400), "client"),
     ],
 )

@@ -11,7 +11,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -172,18 +171,6 @@ def spawn_worker(
         if process.poll() is None:
             process.kill()
             process.wait(timeout=10)
-
-
-def wait_for(condition: Callable[[], Any], timeout: float, message: str, interval: float = 0.02) -> Any:
-    """Poll `condition` until it returns something truthy; fail with `message` after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s: {message}")
-        time.sleep(interval)
 
 
 def sim_metric(base_url: str, name: str, **labels: str) -> float:

@@ -14,7 +14,8 @@ from redis import Redis
 from producer.producer import Producer
 from shared.models import Ticket, TicketStatus
 from shared.queue import TicketQueue
-from tests.worker.conftest import sim_metric, wait_for
+from tests.waiting import wait_until
+from tests.worker.conftest import sim_metric
 from worker.vllm_client import Completion
 
 
@@ -87,19 +88,20 @@ def all_done(queue: TicketQueue, ids: list[str]) -> list[Ticket] | None:
 
 def wait_all_ended(queue: TicketQueue, ids: list[str], timeout: float, message: str) -> list[Ticket]:
     """Wait until every ticket has ended; the tickets, in the order of `ids`."""
-    return cast("list[Ticket]", wait_for(lambda: all_ended(queue, ids), timeout, message))
+    return cast("list[Ticket]", wait_until(lambda: all_ended(queue, ids), timeout, message))
 
 
 def wait_all_done(queue: TicketQueue, ids: list[str], timeout: float, interval: float = 0.02) -> list[Ticket]:
     """Wait until every ticket is DONE; the tickets, in the order of `ids`."""
     return cast(
-        "list[Ticket]", wait_for(lambda: all_done(queue, ids), timeout, "every ticket done", interval)
+        "list[Ticket]",
+        wait_until(lambda: all_done(queue, ids), timeout, "every ticket done", interval=interval),
     )
 
 
 def wait_inflight(queue: TicketQueue, count: int, timeout: float, message: str) -> None:
     """Wait until exactly `count` tickets of `queue` are leased."""
-    wait_for(lambda: queue.stats().inflight == count, timeout, message)
+    wait_until(lambda: queue.stats().inflight == count, timeout, message)
 
 
 def wait_metric(base_url: str, name: str, value: float, timeout: float, message: str) -> None:
@@ -107,7 +109,7 @@ def wait_metric(base_url: str, name: str, value: float, timeout: float, message:
 
     Polled every 0.1 s: vLLM's /metrics is a large page, and parsing it flat out only loads the
     2-core machine that the scenario under test runs on."""
-    wait_for(lambda: sim_metric(base_url, name) == value, timeout, message, interval=0.1)
+    wait_until(lambda: sim_metric(base_url, name) == value, timeout, message, interval=0.1)
 
 
 def leased_by(redis_client: Redis, queue: TicketQueue, worker_id: str) -> list[str]:

@@ -12,7 +12,8 @@ import pytest
 from ops.lab.sim.process import SimulatorProcess
 from producer.status import operator_status
 from shared.queue import TicketQueue
-from tests.worker.conftest import RunningWorker, wait_for
+from tests.waiting import wait_until
+from tests.worker.conftest import RunningWorker
 from tests.worker.support import producer_for, submit_many, wait_all_done
 from worker.telemetry import WorkerGauges
 
@@ -47,11 +48,11 @@ def test_slower_tokens_in_a_fuller_batch_lower_the_limit_and_faster_ones_raise_i
     one_at_a_time(fast_queue, 6)  # the baseline: one ticket at a time
     assert limits.adaptive_limit == MAX_BATCH
     ids = submit_many(producer_for(fast_queue), 48, max_tokens=30)
-    wait_for(lambda: (limits.adaptive_limit or MAX_BATCH) < MAX_BATCH, 60, "the limit to come down", 0.05)
+    wait_until(lambda: (limits.adaptive_limit or MAX_BATCH) < MAX_BATCH, 60, "the limit to come down", 0.05)
     lowered = limits.adaptive_limit
     assert lowered is not None and limits.limit <= lowered
     registry_key = fast_queue.keys.worker(running.worker.config.worker_id)
-    wait_for(
+    wait_until(
         lambda: int(fast_queue.redis.hget(registry_key, "concurrency_limit") or MAX_BATCH) < MAX_BATCH,
         5,
         "the lowered limit in the registry",
@@ -63,7 +64,7 @@ def test_slower_tokens_in_a_fuller_batch_lower_the_limit_and_faster_ones_raise_i
     assert changes, "every change of the limit is logged"
     wait_all_done(fast_queue, ids, 90)
     one_at_a_time(fast_queue, 30)
-    wait_for(lambda: limits.adaptive_limit == MAX_BATCH, 20, "the limit back at max_batch")
+    wait_until(lambda: limits.adaptive_limit == MAX_BATCH, 20, "the limit back at max_batch")
     assert gauge(running) == MAX_BATCH
 
 
@@ -93,7 +94,7 @@ def test_loans_running_past_their_share_of_the_slo_lower_the_limit(
     caplog.set_level(logging.INFO, logger="worker.inflight_limit")
     ids = submit_many(producer_for(fast_queue), MAX_BATCH, type="loan_approval", max_tokens=40)
     wait_all_done(fast_queue, ids, 60)
-    wait_for(lambda: (limits.adaptive_limit or MAX_BATCH) < MAX_BATCH, 10, "the limit to come down")
+    wait_until(lambda: (limits.adaptive_limit or MAX_BATCH) < MAX_BATCH, 10, "the limit to come down")
     judged = [r for r in caplog.records if getattr(r, "source", None) == "critical answers"]
     assert judged and judged[-1].critical_pressure > 1  # type: ignore[attr-defined]
     assert judged[-1].concurrency_limit == limits.adaptive_limit  # type: ignore[attr-defined]

@@ -11,7 +11,8 @@ from redis import Redis
 
 from ops.lab.sim.process import SimulatorProcess
 from shared.keys import QueueKeys
-from tests.worker.conftest import RunningWorker, sim_metric, wait_for
+from tests.waiting import wait_until
+from tests.worker.conftest import RunningWorker, sim_metric
 
 GIB = 1024**3
 
@@ -43,10 +44,10 @@ def test_limit_follows_free_gpu_memory(
     free = int(requests.get(f"{sim.base_url}/sim/gpus", timeout=5).json()[0]["free_bytes"])
     expected = min(int(free * 0.85 // per_ticket), 32)
     assert 1 < expected < 32, "the profile should make memory the binding limit"
-    wait_for(lambda: worker.sizer.limit == expected, 5, f"limit {expected} from {free} free bytes")
+    wait_until(lambda: worker.sizer.limit == expected, 5, f"limit {expected} from {free} free bytes")
 
     squeezed = pressure(sim, free - 3 * per_ticket)
-    wait_for(
+    wait_until(
         lambda: worker.sizer.limit == int(squeezed * 0.85 // per_ticket),
         5,
         "the limit to fall with free memory",
@@ -54,11 +55,11 @@ def test_limit_follows_free_gpu_memory(
     assert worker.sizer.limit == 2
 
     assert pressure(sim, free) == 0  # nothing left: the floor holds
-    wait_for(lambda: worker.sizer.limit == 1, 5, "the limit to reach its floor of 1")
+    wait_until(lambda: worker.sizer.limit == 1, 5, "the limit to reach its floor of 1")
 
     history: list[int] = []
     pressure(sim, 0)
-    wait_for(
+    wait_until(
         lambda: record(history, worker.sizer.limit) == expected,
         10,
         "the limit to recover",
@@ -67,7 +68,7 @@ def test_limit_follows_free_gpu_memory(
 
     # The registry shows what the worker decided, for the monitor and dashboards.
     keys = QueueKeys(queue_name)
-    wait_for(
+    wait_until(
         lambda: redis_client.hget(keys.worker(worker.config.worker_id), "batch_limit") == str(expected),
         5,
         "the heartbeat to publish the limit",
@@ -86,7 +87,7 @@ def test_limit_shrinks_under_kv_load_and_recovers(
     worker = running.worker
     for _ in range(20):
         worker.sizer.observe(40)  # short tickets: the KV cache alone would allow the maximum
-    wait_for(lambda: worker.sizer.limit == 32, 5, "an idle cache to allow the full batch")
+    wait_until(lambda: worker.sizer.limit == 32, 5, "an idle cache to allow the full batch")
 
     def load() -> None:
         body = {"prompt": "x " * 600, "max_tokens": 700, "ignore_eos": True, "model": worker.primary.model}
@@ -96,7 +97,7 @@ def test_limit_shrinks_under_kv_load_and_recovers(
     for thread in threads:
         thread.start()
     history: list[int] = []
-    wait_for(
+    wait_until(
         lambda: (
             record(history, worker.sizer.limit)
             and sim_metric(sim.base_url, "vllm:kv_cache_usage_perc") > 0.85
@@ -104,8 +105,8 @@ def test_limit_shrinks_under_kv_load_and_recovers(
         10,
         "the load to pass the watermark",
     )
-    wait_for(lambda: record(history, worker.sizer.limit) <= 2, 10, "the limit to shrink")
+    wait_until(lambda: record(history, worker.sizer.limit) <= 2, 10, "the limit to shrink")
     for thread in threads:
         thread.join(60)
-    wait_for(lambda: worker.sizer.limit == 32, 10, "the limit to recover once vLLM is idle")
+    wait_until(lambda: worker.sizer.limit == 32, 10, "the limit to recover once vLLM is idle")
     assert min(history) >= 1 and max(history) <= 32

@@ -26,7 +26,8 @@ from shared.policy import BreakerPolicy, Policy
 from shared.queue import TicketQueue
 from shared.rollout_stats import read_shadow
 from shared.rollout_store import RolloutStore
-from tests.worker.conftest import RunningWorker, wait_for
+from tests.waiting import wait_until
+from tests.worker.conftest import RunningWorker
 from tests.worker.support import producer_for, wait_all_ended
 from worker.config import WorkerConfig
 from worker.gpu_memory import make_provider
@@ -148,12 +149,14 @@ def test_an_open_candidate_breaker_sends_canary_tickets_to_the_primary_and_stops
     assert first["rollout"] == state.id and first["endpoint"] == endpoint
 
     _faults(candidate, error_rate=0.0)
-    wait_for(lambda: store.read(endpoint).phase(clock.now()) is not Phase.OPEN, OPEN_SECONDS + 5, "half-open")
+    wait_until(
+        lambda: store.read(endpoint).phase(clock.now()) is not Phase.OPEN, OPEN_SECONDS + 5, "half-open"
+    )
 
     def back_on_candidate() -> bool:
         return CANDIDATE_MODEL in _run(queue, "b0", 3).values()
 
-    wait_for(back_on_candidate, 20, "canary tickets to reach the healed candidate", interval=0.2)
+    wait_until(back_on_candidate, 20, "canary tickets to reach the healed candidate", interval=0.2)
     assert store.read(endpoint).phase(clock.now()) is Phase.CLOSED
     assert _breaker_steps(redis_client, keys)[-1]["routing"] == "candidate"
     stats = queue.stats()

@@ -7,7 +7,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ import requests
 
 from ops.lab.procs.ports import free_port, http_ok
 from ops.lab.sim.process import SimulatorProcess
+from tests.waiting import wait_until
 from tests.worker.conftest import REPO
 
 START_TIMEOUT_S = 20.0
@@ -51,10 +51,12 @@ def test_a_ticket_is_found_by_its_id_in_api_and_worker_logs(
             cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT,
         )  # fmt: skip
         try:
-            deadline = time.monotonic() + START_TIMEOUT_S
-            while not http_ok(f"http://127.0.0.1:{port}/livez"):
-                assert api.poll() is None and time.monotonic() < deadline, api_log.read_text()
-                time.sleep(0.1)
+
+            def answers() -> bool:
+                assert api.poll() is None, api_log.read_text()
+                return http_ok(f"http://127.0.0.1:{port}/livez")
+
+            wait_until(answers, START_TIMEOUT_S, "the API to answer /livez", interval=0.1)
             answer = requests.post(
                 f"http://127.0.0.1:{port}/v1/tickets",
                 json={"type": "complaint", "branch_id": "0412", "prompt": "my card was charged twice"},
@@ -94,10 +96,12 @@ def test_the_monitor_logs_json(worker_env: dict[str, str], queue_name: str, tmp_
             tidegate("monitor", "--interval", "0.2", "--lock-ttl", "1", "--metrics-port", "0"),
             cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=sink,
         )  # fmt: skip
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while "watching queue" not in log_path.read_text():
-            assert monitor.poll() is None and time.monotonic() < deadline, log_path.read_text()
-            time.sleep(0.1)
+
+        def watching() -> bool:
+            assert monitor.poll() is None, log_path.read_text()
+            return "watching queue" in log_path.read_text()
+
+        wait_until(watching, START_TIMEOUT_S, "the monitor to start watching", interval=0.1)
         monitor.send_signal(signal.SIGINT)
         monitor.wait(timeout=20)
     records = json_lines(log_path.read_text())

@@ -12,7 +12,8 @@ from ops.lab.sim.process import SimulatorProcess
 from shared import clock
 from shared.policy import load_policy
 from shared.queue import TicketQueue
-from tests.worker.conftest import RunningWorker, wait_for
+from tests.waiting import wait_until
+from tests.worker.conftest import RunningWorker
 from tests.worker.support import producer_for, submit_many
 from worker.headroom import CriticalHeadroom
 from worker.latency_guard import MIN_ANSWERS, LatencyGuard
@@ -181,7 +182,7 @@ def test_a_degraded_worker_caps_other_work_while_loans_run_slow_and_lifts_it_aft
         submit_many(producer, 64, type="loan_approval", max_tokens=100)
         submit_many(producer, 80, max_tokens=30)
         # Uncapped, the normal share is 12 of 16 (the headroom keeps 4); the cap must go well below.
-        wait_for(lambda: (guard.cap or 16) <= 8, 60, "the guard to cap the normal share", interval=0.1)
+        wait_until(lambda: (guard.cap or 16) <= 8, 60, "the guard to cap the normal share", interval=0.1)
 
         def in_flight(critical: bool) -> int:
             return sum(
@@ -190,25 +191,25 @@ def test_a_degraded_worker_caps_other_work_while_loans_run_slow_and_lifts_it_aft
 
         # Once the loans are done, complaints (claimed before the cap may stay until they end) are
         # claimed only up to the cap; no critical answer ends meanwhile, so the cap stands still.
-        wait_for(lambda: in_flight(True) == 0 and in_flight(False) > 0, 60, "only complaints running")
+        wait_until(lambda: in_flight(True) == 0 and in_flight(False) > 0, 60, "only complaints running")
         cap = guard.cap
         assert cap is not None and guard.floor <= cap <= 8
-        wait_for(lambda: in_flight(False) == cap, 20, f"complaints filling the cap of {cap}, no more")
+        wait_until(lambda: in_flight(False) == cap, 20, f"complaints filling the cap of {cap}, no more")
         for _ in range(10):
             assert in_flight(False) <= cap
             time.sleep(0.1)
         registry_key = fast_queue.keys.worker(worker.config.worker_id)
-        wait_for(
+        wait_until(
             lambda: fast_queue.redis.hget(registry_key, "normal_cap") == str(cap),
             5,
             "the cap in the registry",
         )
         # Loans are not bound by the cap: more of them than the cap run at once.
         submit_many(producer, cap + 2, type="loan_approval", max_tokens=100)
-        wait_for(lambda: in_flight(True) == cap + 2, 20, f"{cap + 2} loans running, over the cap")
+        wait_until(lambda: in_flight(True) == cap + 2, 20, f"{cap + 2} loans running, over the cap")
         degraded.clear()
-        wait_for(lambda: guard.cap is None, 10, "back at normal service, the cap lifted")
-        wait_for(
+        wait_until(lambda: guard.cap is None, 10, "back at normal service, the cap lifted")
+        wait_until(
             lambda: not fast_queue.redis.hexists(registry_key, "normal_cap"),
             5,
             "the cap gone from the registry",

@@ -16,7 +16,8 @@ from ops.lab.sim.process import SimulatorProcess
 from shared.models import TicketRequest, TicketStatus
 from shared.policy import Policy
 from shared.queue import EnqueueOptions, TicketQueue
-from tests.worker.conftest import RunningWorker, wait_for
+from tests.waiting import wait_until
+from tests.worker.conftest import RunningWorker
 from worker.execution import capped_max_tokens
 from worker.inflight import AbortReason, InFlight, RunningTicket
 from worker.leases import LeaseKeeper
@@ -40,7 +41,7 @@ def test_a_worker_whose_lease_was_taken_over_cannot_write(
     fast_queue.enqueue(request(fast_policy))
     (first,) = fast_queue.claim("slow", 1, lease_seconds=0.05)
     stalled = RunningTicket(first.ticket, first.token, gpu=0)
-    wait_for(
+    wait_until(
         lambda: fast_queue.reap("test", 0.01).requeued == 1, 5, "the reaper to take the lapsed lease back"
     )
     (second,) = fast_queue.claim("fast", 1)
@@ -125,7 +126,7 @@ def test_renewal_keeps_a_long_ticket_and_cancel_is_seen(fast_queue: TicketQueue,
             )
             time.sleep(0.1)
         assert fast_queue.cancel(running.id) == "running"
-        wait_for(lambda: running.handle.reason == AbortReason.CANCELLED, 2, "the keeper to see the cancel")
+        wait_until(lambda: running.handle.reason == AbortReason.CANCELLED, 2, "the keeper to see the cancel")
 
 
 def test_degraded_service_caps_max_tokens(fast_queue: TicketQueue, fast_policy: Policy) -> None:
@@ -148,7 +149,7 @@ def test_fallback_route_goes_to_the_fallback_vllm_and_metrics_are_exported(
     routed = fast_queue.enqueue(request(fast_policy), EnqueueOptions(route="fallback")).ticket_id
     direct = fast_queue.enqueue(request(fast_policy)).ticket_id
     running = start_worker(primary.base_url, fallback_vllm_url=fallback.base_url)
-    tickets = wait_for(
+    tickets = wait_until(
         lambda: (
             (ts := fast_queue.get_many([routed, direct])) and all(t and t.status.terminal for t in ts) and ts
         ),
@@ -178,5 +179,5 @@ def test_a_long_lease_still_sees_a_cancel_within_a_second(
     with kept_lease(fast_queue, fast_policy, 30) as running:
         assert fast_queue.cancel(running.id) == "running"
         cancelled_at = time.monotonic()
-        wait_for(lambda: running.handle.reason == AbortReason.CANCELLED, 5, "the keeper to see the cancel")
+        wait_until(lambda: running.handle.reason == AbortReason.CANCELLED, 5, "the keeper to see the cancel")
         assert time.monotonic() - cancelled_at < 3.0  # a third of the lease would be 10 s

@@ -90,12 +90,10 @@ def test_vllm_args_headroom_binds_on_a_small_gpu() -> None:
 
 
 def test_plan_targets() -> None:
-    assert plan_targets("all", ["http://a"], lambda: 3) == [(0, "http://a"), (1, "http://a"), (2, "http://a")]
-    assert plan_targets("all", ["http://a", "http://b"], lambda: 8) == [(0, "http://a"), (1, "http://b")]
-    assert plan_targets("2", ["http://a", "http://b"], lambda: 8) == [(0, "http://a"), (1, "http://b")]
+    assert plan_targets(None, ["http://a"], lambda: 3) == [(0, "http://a"), (1, "http://a"), (2, "http://a")]
+    assert plan_targets(None, ["http://a", "http://b"], lambda: 8) == [(0, "http://a"), (1, "http://b")]
+    assert plan_targets(2, ["http://a", "http://b"], lambda: 8) == [(0, "http://a"), (1, "http://b")]
     with pytest.raises(PlanError, match="2 --vllm-url values"):
-        plan_targets("3", ["http://a", "http://b"], lambda: 8)
-    with pytest.raises(PlanError, match="'x' is not accepted"):
-        plan_targets("x", ["http://a"], lambda: 1)
+        plan_targets(3, ["http://a", "http://b"], lambda: 8)
     with pytest.raises(PlanError, match="no GPU"):
-        plan_targets("all", ["http://a"], lambda: 0)
+        plan_targets(None, ["http://a"], lambda: 0)

@@ -17,7 +17,8 @@ from ops.lab.sim.process import SimulatorProcess
 from shared.control import read_events
 from shared.models import Ticket, TicketRequest, TicketStatus
 from shared.queue import TicketQueue
-from tests.worker.conftest import RunningWorker, wait_for
+from tests.waiting import wait_until
+from tests.worker.conftest import RunningWorker
 from tests.worker.support import producer_for, submit, ticket, wait_all_done
 from worker.execution import PREEMPTED_WORDS
 from worker.inflight import RunningTicket
@@ -51,7 +52,7 @@ def full_worker(
         block_seconds=CLAIM_INTERVAL,
         **{"preemption_patience": 0.0, **overrides},
     )
-    wait_for(
+    wait_until(
         lambda: (
             len(snapshot := running.worker.inflight.snapshot()) == BATCH and all(r.started for r in snapshot)
         ),
@@ -70,7 +71,7 @@ def submit_loan_of(fast_queue: TicketQueue, **fields: Any) -> Ticket:
     loan = producer_for(fast_queue).submit(ticket("loan_approval", **fields)).ticket_id
     return cast(
         "Ticket",
-        wait_for(
+        wait_until(
             lambda: (t := fast_queue.get(loan)) and t.started_at is not None and t, 30, "the loan to start"
         ),
     )
@@ -150,7 +151,9 @@ def test_a_ticket_preempted_twice_already_runs_to_its_end(
     running = start_worker(
         sim.base_url, max_batch=1, critical_headroom=0, adaptive_limit=False, block_seconds=CLAIM_INTERVAL
     )
-    wait_for(lambda: any(r.started for r in running.worker.inflight.snapshot()), 20, "the archive answering")
+    wait_until(
+        lambda: any(r.started for r in running.worker.inflight.snapshot()), 20, "the archive answering"
+    )
     loan = submit_loan(fast_queue)
     done = wait_all_done(fast_queue, [archive, loan.id], 60)
     assert done[0].finished_at is not None and loan.started_at is not None
@@ -209,7 +212,7 @@ def test_a_loan_preempts_when_the_kv_cache_not_the_batch_is_full(
         block_seconds=CLAIM_INTERVAL,
         preemption_patience=0.0,
     )
-    wait_for(
+    wait_until(
         lambda: len(snapshot := running.worker.inflight.snapshot()) == 2 and all(r.started for r in snapshot),
         20,
         "both archives answering",
@@ -218,7 +221,7 @@ def test_a_loan_preempts_when_the_kv_cache_not_the_batch_is_full(
     # size the batch has room for more; only the loan's own size does not fit.
     for _ in range(30):
         running.worker.sizer.observe(40)
-    wait_for(lambda: running.worker.limits.critical_limit > 2, 5, "the batch limit to leave room")
+    wait_until(lambda: running.worker.limits.critical_limit > 2, 5, "the batch limit to leave room")
     loan = submit_loan_of(fast_queue, max_tokens=1000)
     assert loan.started_at is not None and loan.started_at - loan.created_at <= CLAIM_INTERVAL
     tickets = wait_all_done(fast_queue, [*archives, loan.id], 90)

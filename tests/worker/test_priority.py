@@ -9,7 +9,8 @@ from collections.abc import Callable
 from ops.lab.sim.process import SimulatorProcess
 from shared.models import TicketStatus
 from shared.queue import TicketQueue
-from tests.worker.conftest import RunningWorker, wait_for
+from tests.waiting import wait_until
+from tests.worker.conftest import RunningWorker
 from tests.worker.support import producer_for, submit, ticket, wait_all_done, wait_inflight
 
 
@@ -71,7 +72,7 @@ def test_headroom_starts_a_loan_while_the_normal_share_is_busy(
     time.sleep(0.3)
     assert fast_queue.stats().inflight == 4, "an archive query took the slot kept for critical tickets"
     loan = producer.submit(ticket("loan_approval")).ticket_id
-    started = wait_for(
+    started = wait_until(
         lambda: (t := fast_queue.get(loan)) and t.started_at is not None and t,
         5,
         "the loan to start",

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import time
 from collections.abc import Callable, Iterator
 from typing import Any, cast
 
@@ -22,17 +21,22 @@ from ops.lab.sim.process import SimulatorProcess
 from ops.monitor.dispatch import JobOptions
 from ops.monitor.rollout_controller import RolloutController
 from shared import clock
+from shared.breaker import endpoint_id
+from shared.breaker_store import BreakerStore
 from shared.control import read_events
 from shared.keys import QueueKeys
 from shared.models import Ticket, TicketRequest
-from shared.policy import Policy
+from shared.policy import Policy, RolloutPolicy
 from shared.queue import TicketQueue
 from shared.rollout import RolloutState, RolloutStatus
+from shared.rollout_report import rollout_summary
 from shared.rollout_stats import read_shadow
 from shared.rollout_store import RolloutStore
-from tests.worker.conftest import RunningWorker, sim_metric, wait_for
+from tests.waiting import wait_until
+from tests.worker.conftest import RunningWorker, sim_metric
 from tests.worker.fault_proxy import FaultProxy
 from tests.worker.support import producer_for, wait_all_ended
+from worker.breaker_gate import BreakerGate
 from worker.config import WorkerConfig
 from worker.gpu_memory import make_provider
 from worker.rollout_routing import RolloutRouter
@@ -164,8 +168,7 @@ def test_a_healthy_candidate_advances_wave_by_wave_and_branch_3_joins_at_wave_3(
         for ticket_id, branch in ids.items():
             expected = CANDIDATE_MODEL if int(branch[-1]) <= wave else PRIMARY_MODEL
             assert models[ticket_id] == expected, f"wave {wave}: {branch} was served by {models[ticket_id]}"
-        time.sleep(max(state.wave_due_at() - clock.now(), 0))
-        state = controller.tick(clock.now()) or state
+        state = controller.tick(max(clock.now(), state.wave_due_at())) or state  # at the wave's end
         assert state.wave == wave + 1 or state.status is RolloutStatus.COMPLETE, f"wave {wave} did not pass"
     assert state.status is RolloutStatus.COMPLETE
     steps = [e["step"] for e in rollout_steps(redis_client, queue_name)]
@@ -195,7 +198,7 @@ def test_a_failing_candidate_is_rolled_back_in_its_first_wave_and_no_ticket_is_l
         state = start_rollout(redis_client, queue_name, url, interval_seconds=0.5)
         ids = submit_for(queue, ["b0"], per_branch=12) | submit_for(queue, [f"b{d}" for d in range(1, 10)], 2)
         keys = QueueKeys(queue_name)
-        wait_for(
+        wait_until(
             lambda: (
                 int(cast("str", redis_client.hget(keys.rollout_arms(state.id), "0:candidate:error") or 0))
                 >= 3
@@ -203,8 +206,11 @@ def test_a_failing_candidate_is_rolled_back_in_its_first_wave_and_no_ticket_is_l
             30,
             "the candidate to fail some of the wave's calls",
         )
-        time.sleep(max(state.wave_due_at() - clock.now(), 0))
-        rolled = wait_for(lambda: controller.tick(clock.now()), 10, "the monitor to judge the wave")
+        rolled = wait_until(
+            lambda: controller.tick(max(clock.now(), state.wave_due_at())),
+            10,
+            "the monitor to judge the wave",
+        )
         assert rolled.status is RolloutStatus.ROLLED_BACK and rolled.wave == 0
         assert "error rate" in rolled.reason
         models = served_by(queue, ids)
@@ -223,6 +229,49 @@ def test_a_failing_candidate_is_rolled_back_in_its_first_wave_and_no_ticket_is_l
     (rollback,) = [e for e in rollout_steps(redis_client, queue_name) if e["step"] == "rollback"]
     assert rollback["actor"] == "monitor" and float(rollback["candidate_error_rate"]) > 0.05
     assert controller.actions_queue.count == 1, "the notify job is queued with the rollback"
+
+
+def test_a_candidate_answering_most_calls_with_503_is_rolled_back_within_three_intervals(
+    simulator: Callable[..., SimulatorProcess],
+    worker_on: Callable[[str], RunningWorker],
+    controller: RolloutController,
+    redis_client: Redis,
+    rollout_policy: Policy,
+    queue_name: str,
+) -> None:
+    """Its breaker opens and keeps canary tickets off it; those count against it, so the judge,
+    needing the policy's default samples, still sees a failing candidate (it once held at wave 0)."""
+    judged = rollout_policy.rollout.model_copy(update={"min_samples": RolloutPolicy().min_samples})
+    controller.policy = rollout_policy.model_copy(update={"rollout": judged})
+    primary = simulator(model=PRIMARY_MODEL)
+    candidate = simulator(model=CANDIDATE_MODEL, error_rate=0.6, error_status=503)
+    queue = TicketQueue(redis_client, rollout_policy, queue_name)
+    worker_on(primary.base_url)
+    interval = 2.0
+    state = start_rollout(redis_client, queue_name, candidate.base_url, interval_seconds=interval)
+    ids = submit_for(queue, ["b0"], per_branch=40) | submit_for(queue, [f"b{d}" for d in range(1, 10)], 2)
+    rolled = wait_until(
+        lambda: controller.tick(clock.now()),
+        state.started_at + 3 * interval - clock.now(),
+        "the monitor to roll the candidate back by itself within three wave intervals",
+    )
+    assert (rolled.ended_at or clock.now()) - state.started_at <= 3 * interval
+    assert rolled.status is RolloutStatus.ROLLED_BACK and rolled.wave == 0
+    assert "error rate" in rolled.reason
+    (rollback,) = [e for e in rollout_steps(redis_client, queue_name) if e["step"] == "rollback"]
+    assert rollback["actor"] == "monitor"
+    arms = (rollout_summary(redis_client, QueueKeys(queue_name)) or {})["arms"]
+    candidate_arm = arms["candidate"]  # as `tidegate rollout status --json` shows it
+    assert candidate_arm["error"] > 0 and candidate_arm["error_rate"] > judged.error_rate_margin, (
+        candidate_arm
+    )
+    assert candidate_arm["calls"] >= judged.min_samples
+    models = served_by(queue, ids)
+    assert set(models.values()) <= {PRIMARY_MODEL, CANDIDATE_MODEL}
+    stats = queue.stats()
+    assert (
+        stats.outcome_count("complaint", "submitted") == len(ids) == stats.outcome_count("complaint", "done")
+    )
 
 
 @pytest.mark.parametrize(
@@ -253,7 +302,7 @@ def test_a_ticket_running_when_the_rollout_moves_finishes_where_it_started_once(
     body = {"type": "archive_query", "branch_id": branch, "prompt": "long history " * 8, "max_tokens": 200}
     long_id = producer_for(queue).submit(body).ticket_id
     slow_sim = primary if started_on == PRIMARY_MODEL else candidate
-    wait_for(
+    wait_until(
         lambda: sim_metric(slow_sim.base_url, "vllm:num_requests_running") == 1, 20, "the long answer to run"
     )
     store = RolloutStore(redis_client, QueueKeys(queue_name))
@@ -299,11 +348,11 @@ def test_shadow_traffic_reaches_the_candidate_at_its_fraction_stops_at_orange_an
         shadow = running.worker.rollout.shadow
         return len(read_shadow(redis_client, keys, state.id)) if shadow._busy == 0 else 0
 
-    wait_for(settled, 20, "the shadow calls to finish")
+    wait_until(settled, 20, "the shadow calls to finish")
     records = read_shadow(redis_client, keys, state.id)
     margin = 4 * math.sqrt(count * fraction * (1 - fraction))
     assert abs(len(records) - count * fraction) <= margin, f"{len(records)} shadows of {count} at {fraction}"
-    assert running.worker.rollout.shadow.skipped == {"level": 0, "unhealthy": 0, "breaker": 0, "busy": 0}
+    assert running.worker.rollout.shadow.skipped == {"level": 0, "breaker": 0, "busy": 0}
     assert sim_metric(candidate.base_url, "vllm:request_success_total") == len(records)
     assert {r["candidate"]["model"] for r in records} == {CANDIDATE_MODEL}
     assert all(0.0 <= r["similarity"] <= 1.0 and r["primary"]["ttft_seconds"] is not None for r in records)
@@ -314,7 +363,8 @@ def test_shadow_traffic_reaches_the_candidate_at_its_fraction_stops_at_orange_an
     skipped_before = shadow_metric("skipped_level")
     more = submit_for(queue, ["b5"], per_branch=40)
     assert set(served_by(queue, more).values()) == {PRIMARY_MODEL}
-    time.sleep(0.3)
+    # Each offer is refused before its ticket's result is written, so none can start after this.
+    wait_until(lambda: running.worker.rollout.shadow._busy == 0, 10, "shadow calls started before to end")
     assert len(read_shadow(redis_client, keys, state.id)) == len(records), "no shadow call at orange"
     assert running.worker.rollout.shadow.skipped["level"] > 0
     assert shadow_metric("skipped_level") - skipped_before == running.worker.rollout.shadow.skipped["level"]
@@ -340,12 +390,20 @@ def test_the_candidate_arm_streams_and_a_failing_candidate_is_not_shadowed(
     assert answer.model == CANDIDATE_MODEL and "".join(pieces) == answer.text, "streamed text passes through"
     assert redis_client.hget(keys.rollout_arms(state.id), "0:candidate:ok") == "1"
 
-    router.shadow.candidate_result(ok=False)
-    assert not router.shadow.offer(state, ticket("b5"), answer, 8), "no shadow while the candidate fails"
-    assert router.shadow.skipped["unhealthy"] == 1
-    router.shadow.candidate_result(ok=True)
     assert router.shadow.offer(state, ticket("b5"), answer, 8)
-    wait_for(lambda: read_shadow(redis_client, keys, state.id), 10, "the shadow answer to be recorded")
+    wait_until(lambda: read_shadow(redis_client, keys, state.id), 10, "the shadow answer to be recorded")
+    router.close()
+
+    # The candidate's breaker is its one health state: open, it keeps shadow calls off it too.
+    store = BreakerStore(redis_client, keys, rollout_policy.breaker)
+    gate = BreakerGate(store, rollout_policy, primary, [])
+    router = RolloutRouter(
+        redis_client, keys, rollout_policy, pool_size=4, refresh_seconds=0.0, breakers=gate
+    )
+    for _ in range(rollout_policy.breaker.min_requests):
+        store.record(endpoint_id(candidate_url), False)
+    assert not router.shadow.offer(state, ticket("b5"), answer, 8), "no shadow while the candidate fails"
+    assert router.shadow.skipped["breaker"] == 1
     router.close()
     primary.close()
 

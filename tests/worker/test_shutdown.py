@@ -13,7 +13,8 @@ from redis import Redis
 from ops.lab.sim.process import SimulatorProcess
 from shared.models import TicketStatus
 from shared.queue import TicketQueue
-from tests.worker.conftest import sim_metric, wait_for
+from tests.waiting import wait_until
+from tests.worker.conftest import sim_metric
 from tests.worker.support import (
     assert_rescued_exactly_once,
     leased_by,
@@ -77,7 +78,7 @@ def test_sigterm_returns_unstarted_tickets_at_once_and_finishes_running_ones(
         "20",
         *WORKER_FLAGS,
     )
-    wait_for(
+    wait_until(
         lambda: (
             len(leased_by(redis_client, fast_queue, "polite")) == 6
             and sim_metric(sim.base_url, "vllm:num_requests_running") == 2
@@ -88,7 +89,7 @@ def test_sigterm_returns_unstarted_tickets_at_once_and_finishes_running_ones(
     )
     time.sleep(0.1)  # the first tokens are streamed to the worker
     worker.send_signal(signal.SIGTERM)
-    wait_for(
+    wait_until(
         lambda: fast_queue.stats().pending == 4, 2, "the four unstarted tickets back in the queue at once"
     )
     back = fast_queue.get_many(cast("list[str]", redis_client.zrange(fast_queue.keys.pending, 0, -1)))

@@ -12,7 +12,8 @@ import pytest
 from ops.lab.sim.process import SimulatorProcess
 from shared import clock
 from shared.models import ChatMessage, Ticket, TicketStatus
-from tests.worker.conftest import sim_metric, wait_for
+from tests.waiting import wait_until
+from tests.worker.conftest import sim_metric
 from worker.vllm_client import ErrorKind, RequestAborted, RequestHandle, VllmClient, VllmError
 
 
@@ -58,7 +59,7 @@ def test_completion_streams_usage_ttft_and_names_the_ticket(
     usage = completion.usage()
     assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
     # The ticket id is vLLM's request id: the simulator's log names it.
-    wait_for(lambda: f"cmpl-{ticket.id}" in sim.log_text(), 5, "the request id in the simulator log")
+    wait_until(lambda: f"cmpl-{ticket.id}" in sim.log_text(), 5, "the request id in the simulator log")
     client.close()
 
 
@@ -70,7 +71,7 @@ def test_chat_ticket(simulator: Callable[..., SimulatorProcess]) -> None:
     )
     completion = client.run(ticket, max_tokens=16, handle=RequestHandle())
     assert completion.completion_tokens >= 1 and completion.text
-    wait_for(lambda: f"chatcmpl-{ticket.id}" in sim.log_text(), 5, "the chat request id in the log")
+    wait_until(lambda: f"chatcmpl-{ticket.id}" in sim.log_text(), 5, "the chat request id in the log")
 
 
 def test_4xx_is_permanent_with_vllms_message(simulator: Callable[..., SimulatorProcess]) -> None:
@@ -174,13 +175,13 @@ def test_abort_closes_the_request_and_vllm_frees_it(simulator: Callable[..., Sim
 
     thread = threading.Thread(target=run)
     thread.start()
-    wait_for(lambda: handle.first_token_at is not None, 10, "the first token")
+    wait_until(lambda: handle.first_token_at is not None, 10, "the first token")
     assert sim_metric(sim.base_url, "vllm:num_requests_running") == 1
     assert handle.abort("cancelled")
     thread.join(5)
     assert not thread.is_alive(), "abort did not stop the blocked read"
     assert len(errors) == 1 and isinstance(errors[0], RequestAborted) and errors[0].reason == "cancelled"
-    wait_for(
+    wait_until(
         lambda: sim_metric(sim.base_url, "tidegate_sim_aborted_requests_total") == 1,
         5,
         "the simulator to count the abort",

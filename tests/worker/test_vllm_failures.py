@@ -12,7 +12,8 @@ from redis import Redis
 from ops.lab.sim.process import SimulatorProcess
 from shared.models import TicketStatus
 from shared.queue import TicketQueue
-from tests.worker.conftest import RunningWorker, sim_metric, wait_for
+from tests.waiting import wait_until
+from tests.worker.conftest import RunningWorker, sim_metric
 from tests.worker.support import producer_for, submit_many, wait_all_ended, wait_metric
 
 
@@ -24,7 +25,7 @@ def test_crash_mode_tickets_return_and_finish_once_vllm_is_back(
     ids = submit_many(producer_for(fast_queue, max_attempts=10), 8, max_tokens=300)
     sim = simulator(time_scale=2, kv_blocks=96, max_model_len=1536, oom_mode="crash", oom_recovery_s=2)
     start_worker(sim.base_url, max_batch=4, gpu_backend=None)
-    wait_for(lambda: fast_queue.stats().inflight >= 2, 10, "the worker to start tickets")
+    wait_until(lambda: fast_queue.stats().inflight >= 2, 10, "the worker to start tickets")
 
     def exhaust_kv() -> None:
         body = {
@@ -38,7 +39,7 @@ def test_crash_mode_tickets_return_and_finish_once_vllm_is_back(
     loaders = [threading.Thread(target=exhaust_kv) for _ in range(2)]
     for loader in loaders:
         loader.start()
-    wait_for(
+    wait_until(
         lambda: sim_metric(sim.base_url, "tidegate_sim_oom_crashes_total") >= 1, 10, "the simulated OOM crash"
     )
     for loader in loaders:
@@ -61,7 +62,7 @@ def test_stopped_vllm_tickets_finish_once_it_is_back(
     sim.stop()
     ids = submit_many(producer_for(fast_queue, max_attempts=50), 5)
     start_worker(f"http://127.0.0.1:{port}", gpu_backend=None, model="togethercomputer/LLaMA-2-7B-32K")
-    wait_for(
+    wait_until(
         lambda: any(
             "connection" in str(redis_client.hget(fast_queue.keys.ticket(i), "last_error")) for i in ids
         ),

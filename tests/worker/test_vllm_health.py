@@ -2,26 +2,32 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
+from tests.fake_clock import FakeClock
 from worker.vllm_health import VllmHealth
 
 
-def test_pauses_grow_and_reset_on_success() -> None:
+@pytest.fixture
+def fake_clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    return FakeClock(start=100.0).install(monkeypatch)  # monotonic: small, so pauses keep their digits
+
+
+def test_pauses_grow_and_reset_on_success(fake_clock: FakeClock) -> None:
     health = VllmHealth(base_seconds=0.02, max_seconds=0.08)
     pauses = []
     for _ in range(4):
         pauses.append(health.failure())
-        time.sleep(health.pause_remaining() + 0.005)
+        assert health.pause_remaining() == pytest.approx(pauses[-1])
+        fake_clock.advance(pauses[-1] + 0.005)
+        assert health.pause_remaining() == 0
     assert health.consecutive_failures == 4 and health.failing
-    assert 0.01 <= pauses[0] <= 0.02 and all(0.04 <= p <= 0.08 for p in pauses[2:])
+    assert 0 <= pauses[0] <= 0.02 and all(0 <= p <= 0.08 for p in pauses[2:])
     health.success()
     assert not health.failing and health.pause_remaining() == 0
 
 
-def test_failures_during_a_pause_are_one_outage() -> None:
+def test_failures_during_a_pause_are_one_outage(fake_clock: FakeClock) -> None:
     health = VllmHealth(base_seconds=1.0, max_seconds=8.0)
     first = health.failure()
     for _ in range(5):  # the rest of the batch fails with the same crash
@@ -29,7 +35,7 @@ def test_failures_during_a_pause_are_one_outage() -> None:
     assert health.consecutive_failures == 1
 
 
-def test_retry_after_is_honoured_up_to_the_cap() -> None:
+def test_retry_after_is_honoured_up_to_the_cap(fake_clock: FakeClock) -> None:
     health = VllmHealth(base_seconds=0.01, max_seconds=5.0)
     assert health.failure(retry_after=3.0) >= 3.0
     other = VllmHealth(base_seconds=0.01, max_seconds=5.0)

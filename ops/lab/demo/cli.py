@@ -14,6 +14,7 @@ from ops.lab.embedded_redis import EMBEDDED_CHOICES, Embedded
 from ops.lab.stack.stack import ENGINES, Engine
 from ops.lab.traffic.player import RETRY_MODES, RetryMode
 from shared.cli_support import EXIT_BAD_INPUT, fail, load_settings
+from worker.cli_options import load_config
 
 app = typer.Typer(add_completion=False)
 PIPE_WIDTH = 140
@@ -71,6 +72,7 @@ def demo(
     """Run tidegate on one machine: Redis (embedded if none runs), simulated GPUs, one worker per GPU,
     the monitor and the API; play 200 branches through a surge; show it live; print a summary."""
     settings = load_settings()
+    worker_settings = load_config({})  # the workers' knobs from the environment, as each worker reads them
     try:
         options = DemoOptions(
             duration=duration,
@@ -91,8 +93,8 @@ def demo(
             drain_timeout=drain_timeout,
             capacity=capacity,
             policy_file=settings.policy_file,
-            max_batch=settings.max_batch,
-            safety_margin=settings.safety_margin,
+            max_batch=worker_settings.max_batch,
+            safety_margin=worker_settings.safety_margin,
             json_output=as_json,
         )
     except ValueError as exc:

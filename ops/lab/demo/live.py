@@ -103,7 +103,7 @@ def render_live(state: ViewState, policy: Policy, header: str, width: int = 160)
         side_by_side = Table.grid(padding=(0, 1))
         side_by_side.add_row(depth, workers)
         panels = side_by_side
-    table = type_table(state.figures, title="Tickets so far (as the branches saw them)")
+    table = type_table(state.figures, title="Branch requests so far (not yet ended: other)")
     table.box = box.SIMPLE_HEAD
     return Group(Text(header, style="dim"), _phase_line(state), panels, table, _alarm_line(state))
 

@@ -1,8 +1,10 @@
 """`tidegate demo` end to end: find or start Redis, start the stack, play the branches' traffic,
 show it live, then print the summary and put everything away again.
 
-The demo always works in a queue of its own (`demo-<time>-<random>`); on a Redis it did not start
-itself it deletes that queue's keys at the end, so it never touches anyone else's data.
+The demo always works in a namespace of its own named by its queue (`demo-<time>-<random>`): the
+queue's keys (`{tidegate:<queue>}:…`) and rq's (its processes run with `RQ_KEY_PREFIX=rq:<queue>`, so
+rq's jobs, queues, registries and worker records are `rq:<queue>:…`, never the working `rq:…`). On a
+Redis it did not start itself it deletes every key of that namespace at the end, and nothing else.
 """
 
 from __future__ import annotations
@@ -49,10 +51,19 @@ def new_queue_name() -> str:
     return f"demo-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
 
+def rq_key_prefix(queue_name: str) -> str:
+    """rq's key prefix for the demo's processes: its jobs and records apart from any other rq's."""
+    return f"rq:{queue_name}"
+
+
+def _escaped(pattern: str) -> str:
+    return "".join("\\" + c if c in "*?[]{}\\" else c for c in pattern)
+
+
 def delete_queue_keys(client: Redis, queue_name: str) -> int:
-    """Delete every key of `queue_name` (one hash tag), and nothing else."""
-    pattern = QueueKeys(queue_name).prefix.replace("{", "\\{").replace("}", "\\}") + "*"
-    keys = list(client.scan_iter(match=pattern, count=1000))
+    """Delete every key of the demo's namespace (its queue's and its rq's), and nothing else."""
+    patterns = (_escaped(QueueKeys(queue_name).prefix) + "*", _escaped(rq_key_prefix(queue_name)) + ":*")
+    keys = [key for pattern in patterns for key in client.scan_iter(match=pattern, count=1000)]
     for start in range(0, len(keys), 500):
         client.delete(*keys[start : start + 500])
     return len(keys)
@@ -77,6 +88,7 @@ class Demo:
         """Replaced by the workload at the measured or estimated capacity once that is known."""
         self.capacity = 0.0
         self.capacity_note = ""
+        self.planned_requests = 0
 
     # ---- the run ------------------------------------------------------------------------------
     def run(self) -> int:
@@ -121,6 +133,7 @@ class Demo:
             engine=o.engine,
             sim=SimSettings(time_scale=o.time_scale, seed=o.seed),
             policy_file=o.policy_file,
+            env={"RQ_KEY_PREFIX": rq_key_prefix(self.queue_name)},
         )
         what = f"{o.gpus} simulated GPUs" if o.engine == "sim" else "vLLM-CPU (this takes a minute)"
         with self.console.status(f"starting {what}, {o.gpus} worker(s), the monitor and the API…"):
@@ -162,6 +175,7 @@ class Demo:
         self.capacity, self.capacity_note = capacity, note
         self.spec = workload(self.options, capacity)
         plan = plan_arrivals(self.spec)
+        self.planned_requests = len(plan)
         summary = summarize(plan, self.spec)
         mix = ", ".join(f"{n} {t}" for t, n in sorted(summary.by_type.items()))
         self.console.print(
@@ -254,6 +268,7 @@ class Demo:
             profile=self.spec.profile,
             interrupted=self.interrupted,
             cancelled_leftovers=self.player.cancelled_leftovers,
+            planned_requests=self.planned_requests,
         )
         self._save(records, series.to_dict())
         if self.options.json_output:

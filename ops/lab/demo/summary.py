@@ -1,6 +1,10 @@
-"""The end-of-run report: a table per ticket type, the alarm transitions, the three checks the demo
-exists to show (alarms fired in the surge, loan approvals never shed, every ticket accounted for) and
-where everything ran. One `DemoReport` feeds both the terminal table and `--json`.
+"""The end-of-run report: a table per ticket type, the alarm transitions, the checks the demo exists
+to show (alarms fired in the surge, loan approvals never shed, every request and every ticket
+accounted for) and where everything ran. One `DemoReport` feeds both the terminal table and `--json`.
+
+The table counts unique branch requests, each by how it ended for its branch (answered within its SLO
+counted from the first try, answered late, given the degraded answer, refused until it gave up, or
+otherwise); retries are a column of their own, so the rows sum to the requests planned.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ops.lab.traffic.accounting import AccountingCheck
-from ops.lab.traffic.records import TypeFigures
+from ops.lab.traffic.records import REQUEST_ENDS, TypeFigures
 from ops.lab.traffic.timeseries import AlarmChange
 from ops.lab.traffic.workload import LoadProfile
 from producer.live_view import LEVEL_ORDER, LEVEL_STYLES
@@ -42,6 +46,36 @@ class DemoReport:
     interrupted: bool = False
     cancelled_leftovers: int = 0
     notes: list[str] = field(default_factory=list)
+    planned_requests: int | None = None
+    """Requests in the plan; None: the sum of the figures' requests (nothing to check it against)."""
+
+    # ---- requests, by how they ended -----------------------------------------------------------
+    def request_ends(self) -> dict[str, int]:
+        totals = dict.fromkeys(REQUEST_ENDS, 0)
+        for figures in self.figures.values():
+            for end, n in figures.ends.items():
+                totals[end] += n
+        return totals
+
+    @property
+    def planned(self) -> int:
+        return self.planned_requests if self.planned_requests is not None else self.requests_counted
+
+    @property
+    def requests_counted(self) -> int:
+        return sum(self.request_ends().values())
+
+    @property
+    def requests_balance(self) -> bool:
+        return self.requests_counted == self.planned
+
+    def requests_line(self) -> str:
+        ends = self.request_ends()
+        parts = [f"{label} {ends[end]}" for end, label in END_LABELS.items() if end in MAIN_ENDS or ends[end]]
+        verdict = (
+            "balances" if self.requests_balance else f"DOES NOT BALANCE ({self.requests_counted} counted)"
+        )
+        return f"requests: {self.planned} planned = " + " + ".join(parts) + f": {verdict}"
 
     # ---- the checks ----------------------------------------------------------------------------
     def alarms_in_surge(self) -> list[AlarmChange]:
@@ -77,6 +111,7 @@ class DemoReport:
         return [
             (self.alarm_fired, fired),
             (self.critical_rejected == 0, critical),
+            (self.requests_balance, self.requests_line()),
             (self.accounting.holds, self.accounting.line()),
         ]
 
@@ -105,7 +140,9 @@ class DemoReport:
                 "accounting_holds": self.accounting.holds,
                 "accounting_line": self.accounting.line(),
                 "accounting_mismatches": self.accounting.mismatches,
+                "requests_balance": self.requests_balance,
             },
+            "requests": {"planned": self.planned, "ends": self.request_ends()},
             "ledgers": {"redis": self.accounting.redis.by_type, "clients": self.accounting.clients.by_type},
             "cancelled_leftovers": self.cancelled_leftovers,
             "api_url": self.api_url,
@@ -122,52 +159,62 @@ def seconds(value: float | None) -> str:
     return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.2f} s"
 
 
-def type_table(figures: dict[str, TypeFigures], title: str = "Tickets by type") -> Table:
+END_LABELS = {
+    "within_slo": "within SLO",
+    "late": "late",
+    "degraded": "degraded",
+    "gave_up": "refused, gave up",
+    "expired": "expired",
+    "failed": "failed",
+    "cancelled": "cancelled",
+    "error": "error",
+    "unfinished": "unfinished",
+}
+MAIN_ENDS = ("within_slo", "late", "degraded", "gave_up")
+"""Always a column; the other ends are one "other" column, named in the line under the table."""
+
+
+def type_table(figures: dict[str, TypeFigures], title: str = "Branch requests by type") -> Table:
     table = Table(title=title, title_justify="left", header_style="bold")
     table.add_column("type", no_wrap=True, min_width=13)
-    for name in ("submitted", "done", "within SLO", "rejected", "expired", "failed", "cancelled", "retries"):
-        table.add_column(name, justify="right")
+    table.add_column("requests", justify="right")
+    for header in ("answered\nwithin SLO", "answered\nlate", "degraded", "refused,\ngave up", "other"):
+        table.add_column(header, justify="right")
+    table.add_column("retries", justify="right")
     table.add_column("p50", justify="right")
     table.add_column("p99", justify="right")
     # What a branch waits before its answer starts (ticket created → first token), per type.
     table.add_column("TTFT p50", justify="right")
     table.add_column("TTFT p99", justify="right")
-    totals = dict.fromkeys(
-        ("submitted", "done", "slo", "rejected", "expired", "failed", "cancelled", "retries"), 0
-    )
+    totals = dict.fromkeys((*MAIN_ENDS, "requests", "other", "retries"), 0)
+
+    def share(n: int, of: int) -> str:
+        return f"{n} ({n / of:.0%})" if of else str(n)
+
     for name, f in figures.items():
-        done = f.count("done")
-        slo = f"{f.within_slo} ({f.within_slo / done:.0%})" if done else "-"
+        other = f.requests - sum(f.ends.get(e, 0) for e in MAIN_ENDS)
         table.add_row(
             name,
-            str(f.submitted),
-            str(done),
-            slo,
-            str(f.count("rejected")),
-            str(f.count("expired")),
-            str(f.count("failed")),
-            str(f.count("cancelled")),
+            str(f.requests),
+            *(share(f.ends.get(e, 0), f.requests) for e in MAIN_ENDS),
+            str(other),
             str(f.retries),
             seconds(f.p50_s),
             seconds(f.p99_s),
             seconds(f.e2e_ttft_p50_s),
             seconds(f.e2e_ttft_p99_s),
         )
-        for key, value in (
-            ("submitted", f.submitted),
-            ("done", done),
-            ("slo", f.within_slo),
-            ("rejected", f.count("rejected")),
-            ("expired", f.count("expired")),
-            ("failed", f.count("failed")),
-            ("cancelled", f.count("cancelled")),
-            ("retries", f.retries),
-        ):
-            totals[key] += value
+        for e in MAIN_ENDS:
+            totals[e] += f.ends.get(e, 0)
+        totals["requests"] += f.requests
+        totals["other"] += other
+        totals["retries"] += f.retries
     table.add_section()
     table.add_row(
         "total",
-        *(str(totals[k]) for k in ("submitted", "done", "slo", "rejected", "expired", "failed", "cancelled")),
+        str(totals["requests"]),
+        *(share(totals[e], totals["requests"]) for e in MAIN_ENDS),
+        str(totals["other"]),
         str(totals["retries"]),
         *[""] * 4,
         style="bold",

@@ -39,6 +39,8 @@ class StreamAnswer:
     latency_s: float | None = None
     retry_after: float | None = None
     error: str | None = None
+    degraded: bool = False
+    """The shed answer was the type's degraded 200, not a 429."""
 
 
 def branch_client(base_url: str, read_timeout_s: float) -> openai.OpenAI:
@@ -86,7 +88,7 @@ def stream_completion(
             ticket_id = response.headers.get(TICKET_HEADER)
             if response.headers.get(SHED_HEADER):  # the degraded 200: shed all the same
                 retry_after = parse_retry_after(response.headers.get("Retry-After"))
-                return StreamAnswer("shed", ticket_id, sent_at, retry_after=retry_after)
+                return StreamAnswer("shed", ticket_id, sent_at, retry_after=retry_after, degraded=True)
             if ticket_id:
                 admitted(ticket_id)
             ttft_s = _read_stream(response.parse(), started)

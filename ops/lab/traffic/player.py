@@ -268,6 +268,7 @@ class TrafficPlayer:
         with self._lock:
             if record.first_submit_at is None:
                 record.first_submit_at = answer.sent_at
+            record.degraded = answer.degraded  # the last refusal's kind decides how a give-up reads
         if answer.verdict == "shed":
             self._shed(record, attempt, answer.retry_after, answer.ticket_id)
         elif answer.verdict == "error" or record.ticket_id is None:

@@ -18,6 +18,18 @@ from shared.policy import Policy
 
 OUTCOMES = ("done", "failed", "expired", "cancelled", "rejected")
 """Terminal outcomes, in the order summaries list them."""
+REQUEST_ENDS = (
+    "within_slo",
+    "late",
+    "degraded",
+    "gave_up",
+    "expired",
+    "failed",
+    "cancelled",
+    "error",
+    "unfinished",
+)
+"""How one planned request ended for its branch, retries included: each request has exactly one."""
 
 
 @dataclass
@@ -56,6 +68,8 @@ class TicketRecord:
     """Streaming branches only: send → the stream's end."""
     polls: int = 0
     error: str | None = None
+    degraded: bool = False
+    """The last refusal was the type's degraded answer (a 200 with its friendly text), not a 429."""
 
     @classmethod
     def planned(cls, arrival: PlannedArrival, policy: Policy) -> TicketRecord:
@@ -92,6 +106,25 @@ class TicketRecord:
     @property
     def within_slo(self) -> bool:
         return self.outcome == "done" and self.latency_s is not None and self.latency_s <= self.slo_seconds
+
+    @property
+    def answered_in_time(self) -> bool:
+        """Done within its type's SLO counted from the request's first submission, as the
+        deadline is: the retries' wait counts too."""
+        if self.outcome != "done":
+            return False
+        taken = self.end_to_end_s if self.end_to_end_s is not None else self.latency_s
+        return taken is not None and taken <= self.slo_seconds
+
+    def end(self) -> str:
+        """Which of REQUEST_ENDS this request came to."""
+        if self.outcome == "done":
+            return "within_slo" if self.answered_in_time else "late"
+        if self.outcome == "rejected":
+            return "degraded" if self.degraded else "gave_up"
+        if self.outcome in ("expired", "failed", "cancelled", "error"):
+            return self.outcome
+        return "unfinished"
 
     def submission_outcomes(self) -> dict[str, int]:
         """Each submission's end: one `rejected` per 429, plus the accepted ticket's outcome."""
@@ -132,6 +165,8 @@ class TypeFigures:
     e2e_ttft_p99_s: float | None
     """Time to first token as the branch saw it: its own clock when it streamed, else the ticket's."""
     pending: int
+    ends: dict[str, int] = field(default_factory=dict)
+    """Unique requests by how they ended (REQUEST_ENDS); they sum to `requests`."""
 
     def count(self, outcome: str) -> int:
         return self.outcomes.get(outcome, 0)
@@ -162,4 +197,13 @@ def type_figures(ticket_type: str, records: Iterable[TicketRecord]) -> TypeFigur
         e2e_ttft_p50_s=percentile(seen, 50),
         e2e_ttft_p99_s=percentile(seen, 99),
         pending=sum(1 for r in mine if r.submissions and not r.terminal),
+        ends=request_ends(mine),
     )
+
+
+def request_ends(records: Iterable[TicketRecord]) -> dict[str, int]:
+    """Unique requests by how they ended, every category present (zeros included)."""
+    ends = dict.fromkeys(REQUEST_ENDS, 0)
+    for record in records:
+        ends[record.end()] += 1
+    return ends

@@ -7,11 +7,11 @@ objects through tidegate as it would talking to vLLM directly.
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
 from typing import Any
 
 from producer.api.openai.call import Endpoint
+from shared import clock
 
 SHED_FINISH_REASON = "load_shedding_fallback"
 DONE_EVENT = b"data: [DONE]\n\n"
@@ -45,7 +45,7 @@ class Shape:
 
     @classmethod
     def of(cls, endpoint: Endpoint, ticket_id: str, model: str) -> Shape:
-        return cls(endpoint, ticket_id, model, int(time.time()))
+        return cls(endpoint, ticket_id, model, int(clock.now()))
 
     @property
     def id(self) -> str:

@@ -13,6 +13,7 @@ from ops.lab.sim.process import SimulatorProcess
 from ops.lab.traffic.records import OUTCOMES
 from ops.lab.traffic.workload import PlannedArrival
 from shared.policy import Policy
+from tests.waiting import wait_until
 
 
 class Replies:
@@ -25,13 +26,11 @@ class Replies:
             self.items.append(reply)
 
     def wait_for(self, count: int, timeout: float = 30.0) -> list[BaselineReply]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def enough() -> list[BaselineReply] | None:
             with self.lock:
-                if len(self.items) >= count:
-                    return list(self.items)
-            time.sleep(0.05)
-        raise AssertionError(f"only {len(self.items)} of {count} replies after {timeout} s")
+                return list(self.items) if len(self.items) >= count else None
+
+        return wait_until(enough, timeout, f"{count} replies")
 
 
 def job(index: int, max_tokens: int = 8, words: int = 20) -> BaselineJob:

@@ -21,10 +21,14 @@ def test_quick_overload_keeps_the_books_and_tidegate_never_crashes_a_gpu(
     redis_url: str, tmp_path: Path, client: str
 ) -> None:
     results = tmp_path / "overload"
+    # The FIFO baseline does not depend on how tidegate's branches call it: it runs once, beside
+    # the tickets client, and the openai run leaves it out (a duplicated minute of CI).
+    expected = {"tidegate", "baseline"} if client == "tickets" else {"tidegate"}
+    baseline = [] if client == "tickets" else ["--no-baseline"]
     env = os.environ | {"TIDEGATE_REDIS_URL": redis_url, "PYTHONUNBUFFERED": "1"}
     command = [sys.executable, "-c", "from tidegate.cli import main; main()", "bench", "overload", "--quick"]
     run = subprocess.run(
-        [*command, "--client", client, "--json", "--results-dir", str(results)],
+        [*command, "--client", client, *baseline, "--json", "--results-dir", str(results)],
         env=env,
         capture_output=True,
         text=True,
@@ -33,7 +37,7 @@ def test_quick_overload_keeps_the_books_and_tidegate_never_crashes_a_gpu(
     assert run.returncode == 0, run.stderr[-4000:]
     document = json.loads(run.stdout)
     systems = document["systems"]
-    assert set(systems) == {"tidegate", "baseline"}
+    assert set(systems) == expected
 
     for name, system in systems.items():
         # Every submission ended in exactly one outcome, per type.
@@ -72,4 +76,4 @@ def test_quick_overload_keeps_the_books_and_tidegate_never_crashes_a_gpu(
     assert document["capacity"]["tokens_per_s"] > 0
     assert (results / "overload.png").read_bytes()[:4] == b"\x89PNG"
     saved = json.loads((results / "results.json").read_text())
-    assert set(saved["timelines"]) == {"tidegate", "baseline"} and saved["timelines"]["tidegate"]
+    assert set(saved["timelines"]) == expected and saved["timelines"]["tidegate"]

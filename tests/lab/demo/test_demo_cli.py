@@ -1,5 +1,6 @@
 """`tidegate demo` as a newcomer runs it, shortened: a surge fires the alarms, loan approvals are never
-shed, every ticket is accounted for, and Ctrl-C leaves no process and no key behind."""
+shed, every request and every ticket is accounted for, and neither the end nor Ctrl-C leaves a process
+or a key behind."""
 
 from __future__ import annotations
 
@@ -9,12 +10,13 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from redis import Redis
 
 from shared.keys import QueueKeys
+from tests.private_redis import private_redis
+from tests.waiting import wait_until
 
 DEMO = [sys.executable, "-c", "from tidegate.cli import main; main()", "demo"]
 
@@ -43,7 +45,29 @@ def queue_keys(client: Redis, queue: str) -> list[bytes]:
     return list(client.scan_iter(match=pattern, count=1000))
 
 
-def test_short_demo_run_balances_its_books(redis_url: str, tmp_path: Path) -> None:
+OTHERS_KEYS = {
+    "rq:job:someone-else": "a job of another rq user",
+    "rq:queue:tidegate-actions": "another deployment's action queue",
+    "{tidegate:default}:mode": "normal",
+}
+
+
+def test_short_demo_run_balances_its_books(tmp_path: Path) -> None:
+    # A Redis of its own, holding someone else's keys: afterwards it holds exactly those again.
+    with private_redis(tmp_path) as redis_url:
+        client = Redis.from_url(redis_url, decode_responses=True)
+        client.mset(OTHERS_KEYS)
+        client.sadd("rq:queues", "rq:queue:tidegate-actions")
+        run_dir = tmp_path / "run"
+        _short_demo(redis_url, run_dir)
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert set(client.keys("*")) == {*OTHERS_KEYS, "rq:queues"}, summary["queue"]
+        assert client.smembers("rq:queues") == {"rq:queue:tidegate-actions"}
+        assert client.mget(list(OTHERS_KEYS)) == list(OTHERS_KEYS.values())
+        client.close()
+
+
+def _short_demo(redis_url: str, tmp_path: Path) -> None:
     run = subprocess.run(
         [*DEMO, "--duration", "20", "--no-live", "--drain-timeout", "30", "--run-dir", str(tmp_path)],
         capture_output=True,
@@ -58,6 +82,7 @@ def test_short_demo_run_balances_its_books(redis_url: str, tmp_path: Path) -> No
     )
     assert re.search(r"alarms: fired, peak (yellow|orange|red)", out), out[-3000:]
     assert "loan_approval rejected: 0 (never shed)" in out
+    assert re.search(r"requests: \d+ planned = within SLO \d+ \+ late \d+ .*: balances", out), out[-3000:]
     assert re.search(r"t=\s*\d+\.\ds (normal|surge|recovery|drain)", out)  # --no-live progress lines
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["checks"]["accounting_holds"] and summary["checks"]["critical_rejected"] == 0
@@ -67,6 +92,9 @@ def test_short_demo_run_balances_its_books(redis_url: str, tmp_path: Path) -> No
     assert any(a["level"] != "green" for a in summary["alarms"])
     tickets = (tmp_path / "tickets.jsonl").read_text().splitlines()
     assert len(tickets) == sum(t["requests"] for t in summary["types"].values())
+    # One end per unique request, retries apart: the ends sum to the plan, whatever the retries.
+    assert summary["checks"]["requests_balance"]
+    assert sum(summary["requests"]["ends"].values()) == summary["requests"]["planned"] == len(tickets)
     assert {"api.log", "monitor.log", "worker-gpu0.log", "worker-gpu1.log"} <= {
         p.name for p in tmp_path.glob("*.log")
     }
@@ -92,8 +120,8 @@ def test_ctrl_c_stops_everything_and_cleans_up(redis_url: str, tmp_path: Path) -
             if line.startswith("t="):  # the traffic is flowing
                 break
         assert queue, "the demo never named its queue"
-        time.sleep(2)
-        assert len(processes_of(queue)) >= 6  # 2 simulators, 2 workers, monitor (+ its rq worker), API
+        # 2 simulators, 2 workers, monitor (+ its rq worker), API
+        wait_until(lambda: len(processes_of(queue)) >= 6, 10, "every process of the demo")
         demo.send_signal(signal.SIGINT)
         rest, _ = demo.communicate(timeout=40)
     finally:
@@ -101,11 +129,9 @@ def test_ctrl_c_stops_everything_and_cleans_up(redis_url: str, tmp_path: Path) -
             demo.kill()
     assert demo.returncode == 130, rest[-3000:]
     assert "interrupted" in rest
-    deadline = time.monotonic() + 10
-    while processes_of(queue) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert processes_of(queue) == []
+    wait_until(lambda: processes_of(queue) == [], 10, "every process of the demo to exit", interval=0.1)
     assert queue_keys(Redis.from_url(redis_url), queue) == []
+    assert list(Redis.from_url(redis_url).scan_iter(match=f"*{queue}*")) == []  # rq's too
 
 
 def test_vllm_cpu_engine_that_is_not_installed_names_the_setup_script(tmp_path: Path) -> None:

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
@@ -24,15 +21,6 @@ def metric(base_url: str, name: str, **labels: str) -> float:
     """Sum of the samples named `name` whose labels include `labels`."""
     found = scrape(base_url).get(name, [])
     return sum(s.value for s in found if all(s.labels.get(k) == v for k, v in labels.items()))
-
-
-def wait_until(predicate: Callable[[], bool], timeout_s: float = 5.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 def token_ids(count: int, start: int = 1) -> list[int]:

@@ -9,7 +9,8 @@ import requests
 
 from ops.lab.sim.process import SimulatorProcess
 from ops.lab.sim.profiles import A100_7B
-from tests.lab.sim.conftest import complete, metric, scrape, token_ids, wait_until
+from tests.lab.sim.conftest import complete, metric, scrape, token_ids
+from tests.waiting import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +38,7 @@ def test_requests_spread_over_gpus_and_metrics_carry_an_engine_label(two_gpus: S
         gpus = requests.get(f"{two_gpus.base_url}/sim/gpus", timeout=5).json()
         assert [gpu["kv_blocks_used"] > 0 for gpu in gpus] == [True, True]
     wait_until(
-        lambda: metric(two_gpus.base_url, "vllm:num_requests_running") == 0, what="both streams to abort"
+        lambda: metric(two_gpus.base_url, "vllm:num_requests_running") == 0, 5, "both streams to abort"
     )
 
 

@@ -9,7 +9,8 @@ import pytest
 import requests
 
 from ops.lab.sim.process import SimulatorProcess
-from tests.lab.sim.conftest import metric, token_ids, wait_until
+from tests.lab.sim.conftest import metric, token_ids
+from tests.waiting import wait_until
 
 # 40 blocks hold 640 tokens; each request grows to 100 + 400 = 500 tokens (32 blocks), so any two
 # requests running together exhaust the cache before either finishes.
@@ -70,8 +71,8 @@ def test_crash_mode_fails_in_flight_requests_then_refuses_traffic_until_recovere
 
         wait_until(
             lambda: requests.get(f"{sim.base_url}/health", timeout=5).status_code == 200,
-            timeout_s=10,
-            what="the simulated GPU to recover",
+            10,
+            "the simulated GPU to recover",
         )
         recovered = requests.post(
             f"{sim.base_url}/v1/completions", json=REQUEST | {"max_tokens": 5}, timeout=30

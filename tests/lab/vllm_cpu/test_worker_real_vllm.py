@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import cast
 
@@ -25,13 +25,14 @@ import requests
 from redis import Redis
 
 from ops.lab.procs.ports import free_port
-from ops.lab.vllm_cpu.paths import REQUIRE_ENV, model_dir, vllm_available, vllm_required
+from ops.lab.vllm_cpu.paths import model_dir
 from ops.lab.vllm_cpu.server import VllmCpuServer
 from producer.producer import Producer
 from shared.models import TicketStatus
 from shared.queue import TicketQueue
-from tests.lab.vllm_cpu.conftest import WORKER_SKIP_MARK
-from tests.worker.conftest import RunningWorker, sim_metric, wait_for
+from tests.lab.vllm_cpu.conftest import BLOCK_TOKENS, KV_BLOCKS
+from tests.waiting import wait_until
+from tests.worker.conftest import RunningWorker, sim_metric
 from tests.worker.support import (
     assert_rescued_exactly_once,
     leased_by,
@@ -49,39 +50,12 @@ from worker.model_spec import ModelSpec, load_model_spec
 
 pytestmark = pytest.mark.timeout(300)  # the first test also waits for the server (22-55 s)
 
-BLOCK_TOKENS = 128
-"""vLLM-CPU's KV block size (it ignores --block-size)."""
-KV_BLOCKS = 16
-"""2,048 tokens: three long requests pass the 85% watermark, and one 1,024-token sequence still fits."""
-MAX_NUM_SEQS = 8
-MAX_MODEL_LEN = 1024
 REAL_VLLM_LEASE_SECONDS = 10.0
 """vLLM-CPU keeps both cores of a 2-core machine busy while it generates (its engine core polls),
 and a worker beside it was seen to go seconds without a turn: the tests' usual 2 s lease lapsed
 under a live worker. Renewals still come every second, so cancels take effect as fast."""
 SUCCESS_REASONS = ("length", "stop")
 """`vllm:request_success_total` reasons of answers that ran to the end (0.32 counts no aborts)."""
-
-
-@pytest.fixture(scope="module")
-def vllm_server() -> Iterator[VllmCpuServer]:
-    ok, reason = vllm_available()
-    if not ok:
-        if vllm_required():
-            pytest.fail(f"{REQUIRE_ENV}=1 but real vLLM cannot run: {reason}", pytrace=False)
-        pytest.skip(f"{WORKER_SKIP_MARK}: {reason}")
-    server = VllmCpuServer(
-        kv_cache_bytes=KV_BLOCKS * BLOCK_TOKENS * load_model_spec(model_dir()).kv_bytes_per_token,
-        max_num_seqs=MAX_NUM_SEQS,
-        max_model_len=MAX_MODEL_LEN,
-        scheduling_policy="priority",
-    )
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-        wait_for(lambda: not server.alive(), 10, "every vLLM process to exit")
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +68,7 @@ def model_spec(vllm_server: VllmCpuServer) -> ModelSpec:
 def vllm_url(vllm_server: VllmCpuServer) -> str:
     """The shared server's URL, once it is idle: what a test counts is its own work."""
     url = vllm_server.base_url
-    wait_for(
+    wait_until(
         lambda: (
             sim_metric(url, "vllm:num_requests_running") == 0
             and sim_metric(url, "vllm:num_requests_waiting") == 0
@@ -173,10 +147,10 @@ def test_batch_limit_follows_vllm_kv_cache_usage(
     worker = running.worker
     for _ in range(20):
         worker.sizer.observe(40)  # short tickets: an idle cache alone would allow the maximum
-    observed = wait_for(lambda: worker.housekeeping.observed.vllm, 10, "the worker to read vLLM's /metrics")
+    observed = wait_until(lambda: worker.housekeeping.observed.vllm, 10, "the worker to read vLLM's /metrics")
     assert (observed.num_gpu_blocks, observed.block_size) == (KV_BLOCKS, BLOCK_TOKENS)
     assert observed.kv_usage == 0.0
-    wait_for(lambda: worker.sizer.limit == 32, 10, "an idle cache to allow the full batch")
+    wait_until(lambda: worker.sizer.limit == 32, 10, "an idle cache to allow the full batch")
     registry_key = fast_queue.keys.worker(worker.config.worker_id)
 
     def published() -> dict[str, str]:
@@ -215,14 +189,14 @@ def test_batch_limit_follows_vllm_kv_cache_usage(
         return limits[-1], fields
 
     try:
-        wait_for(
+        wait_until(
             lambda: sample() and sim_metric(vllm_url, "vllm:kv_cache_usage_perc") > 0.85,
             30,
             "the load to pass the 85% watermark",
             interval=0.05,
         )
-        wait_for(lambda: sample()[0] <= 2, 10, "the limit to shrink under KV pressure", interval=0.05)
-        wait_for(
+        wait_until(lambda: sample()[0] <= 2, 10, "the limit to shrink under KV pressure", interval=0.05)
+        wait_until(
             lambda: (
                 (fields := sample()[1])
                 and int(fields.get("batch_limit", "0")) in (1, 2)
@@ -236,8 +210,8 @@ def test_batch_limit_follows_vllm_kv_cache_usage(
         stop_load.set()
         for thread in threads:
             thread.join(120)
-    wait_for(lambda: sample()[0] == 32, 15, "the limit to recover once vLLM is idle", interval=0.05)
-    wait_for(lambda: published().get("batch_limit") == "32", 5, "the heartbeat to publish the recovery")
+    wait_until(lambda: sample()[0] == 32, 15, "the limit to recover once vLLM is idle", interval=0.05)
+    wait_until(lambda: published().get("batch_limit") == "32", 5, "the heartbeat to publish the recovery")
     assert min(limits) >= 1 and max(limits) <= 32
     assert min(published_limits) >= 1 and max(published_limits) <= 32
     # No GPU memory figures without a provider: the registry carries only what is known.
@@ -248,7 +222,7 @@ def start_generating(producer: Producer, vllm_url: str) -> str:
     """Submit a 900-token archive query and wait until vLLM is generating it (a worker is running)."""
     generated_before = sim_metric(vllm_url, "vllm:generation_tokens_total")
     (ticket_id,) = submit_many(producer, 1, max_tokens=900, ttl_seconds=60, type="archive_query")
-    wait_for(
+    wait_until(
         lambda: (
             sim_metric(vllm_url, "vllm:num_requests_running") == 1
             and sim_metric(vllm_url, "vllm:generation_tokens_total") > generated_before
@@ -292,7 +266,7 @@ def test_cancel_of_a_running_ticket_aborts_its_vllm_request(
     time.sleep(0.5)
     assert sim_metric(vllm_url, "vllm:generation_tokens_total") == generated, "tokens after the abort"
     assert succeeded(vllm_url) == finished_before, "the request ran to its end instead of being aborted"
-    wait_for(lambda: running.worker.inflight.count() == 0, 5, "the worker to let the ticket go")
+    wait_until(lambda: running.worker.inflight.count() == 0, 5, "the worker to let the ticket go")
     ticket_now = fast_queue.get(ticket_id)
     assert ticket_now is not None and ticket_now.status is TicketStatus.CANCELLED
     assert ticket_now.result is None and ticket_now.usage is None
@@ -370,7 +344,7 @@ def test_kill_9_mid_batch_loses_nothing_and_doubles_nothing(
         "0",
         *WORKER_FLAGS,
     )
-    wait_for(
+    wait_until(
         lambda: sim_metric(vllm_url, "vllm:generation_tokens_total") > generated_at_start,
         30,
         "the victim's first request generating in vLLM",

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import uvicorn
 from fastapi import FastAPI
+
+from tests.waiting import wait_until
 
 START_TIMEOUT_S = 10.0
 
@@ -25,11 +26,12 @@ def serve(app: FastAPI) -> Iterator[str]:
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError(f"uvicorn did not start on port {port} within {START_TIMEOUT_S} s")
-        time.sleep(0.01)
+
+    def started() -> bool:
+        assert thread.is_alive(), f"uvicorn on port {port} stopped before it started"
+        return server.started
+
+    wait_until(started, START_TIMEOUT_S, f"uvicorn to start on port {port}", interval=0.01)
     try:
         yield f"http://127.0.0.1:{port}"
     finally:

@@ -34,6 +34,10 @@ def test_an_open_breaker_shows_everywhere_and_refuses_new_tickets(
     (breaker,) = queues["breakers"]
     assert (breaker["endpoint"], breaker["phase"], breaker["version"]) == (ENDPOINT, "open", "2026.11")
     assert breaker["level"] == "deep" and breaker["retry_after"] > 0
+    # Every request counted was an error, and the moment it tripped stays put on later reads.
+    assert breaker["error_rates"] == {"instant": 1.0, "sustained": 1.0, "deep": 1.0}
+    assert breaker["requests"]["instant"] == load_policy().breaker.min_requests
+    assert breaker["since"] is not None
 
     metrics = requests.get(api.url("/metrics"), timeout=5).text
     levels = {
@@ -48,6 +52,7 @@ def test_an_open_breaker_shows_everywhere_and_refuses_new_tickets(
     assert status.returncode == 0, status.stderr
     breakers = json.loads(status.stdout)["breakers"]
     assert list(breakers) == [ENDPOINT] and breakers[ENDPOINT]["phase"] == "open"
+    assert breakers[ENDPOINT]["since"] == breaker["since"]
 
     reply = branch.post(
         api.url("/v1/tickets"),

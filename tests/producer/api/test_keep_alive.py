@@ -19,6 +19,7 @@ import pytest
 
 from ops.lab.procs.ports import free_port, http_ok
 from tests.redis_cluster import suite_env
+from tests.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[3]
 IDLE_SECONDS = 6.0
@@ -38,17 +39,19 @@ def test_a_connection_idle_past_the_clients_pool_expiry_is_still_open(
             cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT,
         )  # fmt: skip
         try:
-            deadline = time.monotonic() + 20
-            while not http_ok(f"http://127.0.0.1:{port}/livez"):
-                assert api.poll() is None and time.monotonic() < deadline, log.read_text()
-                time.sleep(0.1)
+
+            def answers() -> bool:
+                assert api.poll() is None, log.read_text()
+                return http_ok(f"http://127.0.0.1:{port}/livez")
+
+            wait_until(answers, 20, "the API to answer /livez", interval=0.1)
             connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
             connection.request("GET", "/livez")
             first = connection.getresponse()
             first.read()
             assert first.status == 200 and first.getheader("connection") != "close"
             local = connection.sock.getsockname() if connection.sock else None
-            time.sleep(IDLE_SECONDS)
+            time.sleep(IDLE_SECONDS)  # the server process's idle timeout must really pass
             connection.request("GET", "/livez")  # on the same socket: a closed one fails here
             second = connection.getresponse()
             second.read()

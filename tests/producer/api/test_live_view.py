@@ -72,7 +72,7 @@ def test_status_watch_refreshes_until_interrupted(redis_url: str, queue_name: st
         text=True,
         env=env,
     )
-    time.sleep(3)
+    time.sleep(3)  # the watching process must run long enough to refresh; piped, it prints only when it stops
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=20)
     assert proc.returncode == 0, err

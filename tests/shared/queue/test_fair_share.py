@@ -7,15 +7,15 @@ The per-branch counts the rule reads stay exact through every way a ticket leave
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from redis import Redis
 
 from producer.producer import Producer, SubmitResult
+from shared import clock
 from shared.models import TicketRequest, TicketStatus
 from shared.policy import Policy
 from shared.shed import ShedCode
+from tests.fake_clock import FakeClock
 
 CAP = 6
 
@@ -79,7 +79,9 @@ def test_even_under_share_branches_stop_at_twice_the_cap(fair: Producer) -> None
     assert fair.queue.stats().depth_by_type["complaint"] == 2 * CAP
 
 
-def test_counts_follow_claims_expiry_and_lost_leases(fair: Producer, redis_client: Redis) -> None:
+def test_counts_follow_claims_expiry_and_lost_leases(
+    fair: Producer, redis_client: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
     _complaint(fair, "A")
     _complaint(fair, "B")
     short = _complaint(fair, "B", ttl_seconds=0.05).ticket_id
@@ -89,7 +91,7 @@ def test_counts_follow_claims_expiry_and_lost_leases(fair: Producer, redis_clien
     # A lost lease puts A's ticket back, and its count with it.
     redis_client.zadd(fair.queue.keys.inflight, {claimed.ticket.id: 0})
     redis_client.delete(fair.queue.keys.reaper_lock)
-    time.sleep(0.1)
+    FakeClock(clock.now() + 0.1).install(monkeypatch)  # the short ticket's TTL has passed
     result = fair.queue.reap("r-fair")
     assert (result.requeued, result.expired) == (1, 1)
     ended = fair.get(short)

@@ -7,24 +7,14 @@ from typing import Any
 
 import pytest
 
-from shared import clock
 from shared.models import TicketRequest, TicketStatus
 from shared.queue import TicketQueue
-
-
-class FakeClock:
-    def __init__(self, start: float = 1_800_000_000.0) -> None:
-        self.t = start
-
-    def __call__(self) -> float:
-        return self.t
+from tests.fake_clock import FakeClock
 
 
 @pytest.fixture
 def fake_clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeClock]:
-    fake = FakeClock()
-    monkeypatch.setattr(clock, "now", fake)
-    yield fake
+    yield FakeClock().install(monkeypatch)
 
 
 def req(ticket_type: str, **kw: Any) -> TicketRequest:
@@ -36,7 +26,7 @@ def test_a_preempted_ticket_goes_back_at_its_score_without_using_an_attempt(
     ticket_queue: TicketQueue, fake_clock: FakeClock
 ) -> None:
     first = ticket_queue.enqueue(req("archive_query")).ticket_id
-    fake_clock.t += 1
+    fake_clock.at += 1
     second = ticket_queue.enqueue(req("archive_query")).ticket_id
     score = ticket_queue.redis.zscore(ticket_queue.keys.pending, first)
     depth_before = ticket_queue.redis.hgetall(ticket_queue.keys.branch_depth("archive_query"))
@@ -79,7 +69,7 @@ def test_preempting_needs_the_current_lease_and_a_live_ttl(
     assert ticket_queue.preempt(ticket_id, "not-the-token", "complaint", "x", max_preemptions=2) == (
         "stale:running"
     )
-    fake_clock.t += 6
+    fake_clock.at += 6
     assert ticket_queue.preempt(ticket_id, claimed.token, "complaint", "x", max_preemptions=2) == "expired"
     ticket = ticket_queue.get(ticket_id)
     assert ticket is not None and ticket.status is TicketStatus.EXPIRED
@@ -92,7 +82,7 @@ def test_the_prompt_budget_holds_back_long_prompts_of_other_types_only(
     archives = []
     for _ in range(3):
         archives.append(ticket_queue.enqueue(req("archive_query", prompt=long_prompt)).ticket_id)
-        fake_clock.t += 0.01
+        fake_clock.at += 0.01
     prompt = ticket_queue.get(archives[0])
     assert prompt is not None
     size = prompt.prompt_tokens_estimate

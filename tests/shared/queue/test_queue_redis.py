@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -11,30 +10,17 @@ from typing import Any
 import pytest
 from redis import Redis
 
-from shared import clock
 from shared.models import TicketRequest, TicketStatus
 from shared.policy import Policy
 from shared.queue import EnqueueOptions, TicketQueue
 from shared.rejected import slot, unpacked
 from shared.shed import ShedCode
-
-
-class FakeClock:
-    def __init__(self, start: float = 1_800_000_000.0) -> None:
-        self.t = start
-
-    def __call__(self) -> float:
-        return self.t
-
-    def advance(self, seconds: float) -> None:
-        self.t += seconds
+from tests.fake_clock import FakeClock
 
 
 @pytest.fixture
 def fake_clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeClock]:
-    fake = FakeClock()
-    monkeypatch.setattr(clock, "now", fake)
-    yield fake
+    yield FakeClock().install(monkeypatch)
 
 
 def req(ticket_type: str, **kw: Any) -> TicketRequest:
@@ -196,7 +182,7 @@ def test_lease_expiry_counts_toward_max_attempts(
     for _ in range(policy.queue.max_attempts):
         assert ticket_queue.claim("w", 1, lease_seconds=1)
         fake_clock.advance(2)
-        time.sleep(0.005)  # the sweep lock (real time) from the previous round has lapsed
+        ticket_queue.redis.delete(ticket_queue.keys.reaper_lock)  # the last round's, in real time
         assert ticket_queue.reap("test", interval_seconds=0.001).swept
     failed = ticket_queue.get(ticket_id)
     assert failed is not None and failed.status is TicketStatus.FAILED

@@ -1,5 +1,6 @@
 // The status page: polls GET /v1/status once a second with the operator key kept in sessionStorage,
 // draws it, and flips the critical-only switch with PUT /v1/mode after a confirmation.
+// It reads the audit trail (GET /v1/audit) every few polls.
 // Every value goes in as text (textContent), never as markup.
 "use strict";
 
@@ -8,6 +9,8 @@ const HISTORY_MS = 5 * 60 * 1000;
 const KEY_NAME = "tidegate-operator-key";
 const COLOURS = ["#4fa3ff", "#ffb347", "#b38cff", "#5fd3a6", "#ff7eb6", "#c8d45f"];
 const NS = "http://www.w3.org/2000/svg";
+const AUDIT_EVERY = 5;
+const AUDIT_ROWS = 15;
 
 const body = document.body;
 const types = body.dataset.types ? body.dataset.types.split(",") : [];
@@ -15,6 +18,7 @@ const thresholds = body.dataset.thresholds.split(",").map(Number);
 const history = [];
 let current = null;
 let timer = null;
+let polls = 0;
 
 const $ = (id) => document.getElementById(id);
 
@@ -86,31 +90,61 @@ function drawLevel(doc) {
   body.classList.toggle("critical-only", critical);
 }
 
+function niceStep(raw) {
+  const power = 10 ** Math.floor(Math.log10(Math.max(raw, 1)));
+  for (const m of [1, 2, 5, 10]) if (m * power >= raw) return m * power;
+  return 10 * power;
+}
+
+function svgNode(tag, attrs, text) {
+  const node = document.createElementNS(NS, tag);
+  for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, v);
+  if (text !== undefined) node.textContent = String(text);
+  return node;
+}
+
 function drawChart() {
+  // Drawn in the chart's own pixels (viewBox = its size), so the scale's text is never stretched.
   const svg = $("chart");
-  const width = 600, height = 200;
+  const width = svg.clientWidth || 600, height = svg.clientHeight || 200;
+  svg.setAttribute("viewBox", "0 0 " + width + " " + height);
+  const left = 52, right = 14, top = 12, bottom = 26;
+  const plotW = width - left - right, plotH = height - top - bottom;
   const now = Date.now();
   while (history.length && history[0].at < now - HISTORY_MS) history.shift();
-  const peak = Math.max(thresholds[2] * 1.2, ...history.map((h) => h.total));
-  const x = (at) => width - ((now - at) / HISTORY_MS) * width;
-  const y = (v) => height - (v / peak) * height;
+  const highest = Math.max(thresholds[2] * 1.2, ...history.map((h) => h.total));
+  const step = niceStep(highest / 4);
+  const peak = Math.ceil(highest / step) * step;
+  const x = (at) => left + plotW - ((now - at) / HISTORY_MS) * plotW;
+  const y = (v) => top + plotH - (v / peak) * plotH;
   const nodes = [];
+  for (let v = 0; v <= peak; v += step) {
+    nodes.push(svgNode("line", { x1: left, x2: left + plotW, y1: y(v), y2: y(v), class: "grid" }));
+    nodes.push(svgNode("text", { x: left - 6, y: y(v) + 4, "text-anchor": "end", class: "tick" }, v));
+  }
+  const minutes = HISTORY_MS / 60000;
+  for (let m = 0; m <= minutes; m++) {
+    const at = left + plotW - (m / minutes) * plotW;
+    nodes.push(svgNode("line", { x1: at, x2: at, y1: top + plotH, y2: top + plotH + 4, class: "axis" }));
+    nodes.push(svgNode("text", { x: at, y: height - 6, "text-anchor": m === 0 ? "end" : "middle", class: "tick" },
+      m === 0 ? "now" : "−" + m + " min"));
+  }
+  nodes.push(svgNode("line", { x1: left, x2: left, y1: top, y2: top + plotH, class: "axis" }));
+  nodes.push(svgNode("line", { x1: left, x2: left + plotW, y1: top + plotH, y2: top + plotH, class: "axis" }));
+  nodes.push(svgNode("text", { x: 12, y: top + plotH / 2, "text-anchor": "middle", class: "tick",
+    transform: "rotate(-90 12 " + (top + plotH / 2) + ")" }, "tickets queued"));
   ["yellow", "orange", "red"].forEach((name, i) => {
-    const line = document.createElementNS(NS, "line");
-    line.setAttribute("x1", 0); line.setAttribute("x2", width);
-    line.setAttribute("y1", y(thresholds[i])); line.setAttribute("y2", y(thresholds[i]));
-    line.setAttribute("class", "threshold level-" + name);
-    nodes.push(line);
+    const at = y(thresholds[i]);
+    nodes.push(svgNode("line", { x1: left, x2: left + plotW, y1: at, y2: at, class: "threshold level-" + name }));
+    nodes.push(svgNode("text", { x: left + 4, y: at - 3, class: "tick threshold-label" }, name + " > " + thresholds[i]));
   });
   const series = [["total", (h) => h.total, "#e8e8e8"]].concat(
     types.map((t, i) => [t, (h) => h.byType[t] || 0, COLOURS[i % COLOURS.length]]));
   for (const [name, value, colour] of series) {
-    const line = document.createElementNS(NS, "polyline");
-    line.setAttribute("points", history.map((h) => x(h.at).toFixed(1) + "," + y(value(h)).toFixed(1)).join(" "));
-    line.setAttribute("stroke", colour);
-    line.setAttribute("class", name === "total" ? "series total" : "series");
-    line.setAttribute("data-type", name);
-    nodes.push(line);
+    nodes.push(svgNode("polyline", {
+      points: history.map((h) => x(h.at).toFixed(1) + "," + y(value(h)).toFixed(1)).join(" "),
+      stroke: colour, class: name === "total" ? "series total" : "series", "data-type": name,
+    }));
   }
   svg.replaceChildren(...nodes);
 }
@@ -159,11 +193,21 @@ function meter(fraction) {
   return td;
 }
 
+function concurrency(worker) {
+  // The adaptive limit, and the latency guard's cap on non-critical tickets while one is in force.
+  const guard = worker.concurrency_cap === null || worker.concurrency_cap === undefined
+    ? "" : "guard cap " + worker.concurrency_cap;
+  const limit = worker.concurrency_limit === null || worker.concurrency_limit === undefined
+    ? "" : String(worker.concurrency_limit);
+  if (limit && guard) return limit + " (" + guard + ")";
+  return limit || guard || "–";
+}
+
 function drawWorkers(doc) {
   const dash = (v) => (v === null || v === undefined ? "–" : v);
   const gib = (b) => (b === null ? "–" : (b / 1024 ** 3).toFixed(1) + " GiB");
   fill($("workers").tBodies[0], doc.workers.map((w) => [
-    w.worker_id, w.gpu, dash(w.state), dash(w.inflight), dash(w.batch_limit), dash(w.concurrency_cap),
+    w.worker_id, w.gpu, dash(w.state), dash(w.inflight), dash(w.batch_limit), concurrency(w),
     meter(w.kv_usage), gib(w.gpu_free_bytes),
   ]));
   $("workers-alive").textContent = doc.workers_alive + " alive";
@@ -186,6 +230,69 @@ function drawState(id, state) {
   list.replaceChildren(...nodes);
 }
 
+const LEVEL_WORDS = {
+  closed: "closed: normal",
+  instant: "instant: errors in the last second",
+  sustained: "sustained: sent to the fallback",
+  deep: "deep: a person is paged",
+};
+
+function phaseWords(b) {
+  if (b.phase === "open") return "open: refusing, retry in " + Math.ceil(b.retry_after) + " s";
+  if (b.phase === "half_open") return "half-open: probing";
+  return "closed: taking work";
+}
+
+function drawBreakers(breakers) {
+  const tbody = $("breakers").tBodies[0];
+  const entries = Object.entries(breakers || {});
+  if (!entries.length) {
+    const td = el("td", "no endpoint recorded yet", "dim");
+    td.colSpan = 5;
+    fill(tbody, [[td]]);
+    return;
+  }
+  fill(tbody, entries.map(([endpoint, b]) => {
+    const name = el("td", endpoint);
+    if (b.role && b.role !== "primary") name.append(el("span", " (" + b.role + ")", "dim"));
+    const level = el("td");
+    level.append(el("span", LEVEL_WORDS[b.level] || b.level, "tag breaker-" + b.level));
+    const rates = b.error_rates || {}, counts = b.requests || {};
+    // A window with no request has no rate: "–", not a reassuring 0%.
+    const percent = (w) => (counts[w] ? Math.round(rates[w] * 100) + "%" : "–");
+    const rate = el("td", ["instant", "sustained", "deep"].map(percent).join(" · "));
+    rate.title = ["instant", "sustained", "deep"].map((w) => (counts[w] || 0) + " requests").join(" · ");
+    return [name, level, phaseWords(b), rate, b.since ? clock(b.since) : "never tripped"];
+  }));
+}
+
+function shown(value) {
+  if (value === null || value === undefined) return "–";
+  return typeof value === "object" ? JSON.stringify(value) : String(value);
+}
+
+async function pollAudit() {
+  // GET /v1/audit may be absent (an older API): the panel says so and the rest of the page is unharmed.
+  const tbody = $("audit").tBodies[0];
+  const note = (text) => { const td = el("td", text, "dim"); td.colSpan = 5; fill(tbody, [[td]]); };
+  let response;
+  try {
+    response = await fetch("/v1/audit", { headers: { Authorization: "Bearer " + sessionStorage.getItem(KEY_NAME) } });
+  } catch (error) {
+    note("audit trail unreachable: " + error.message);
+    return;
+  }
+  if (response.status === 404) { note("no audit trail on this API (GET /v1/audit answered 404)"); return; }
+  if (!response.ok) { note("audit trail unavailable: GET /v1/audit answered " + response.status); return; }
+  const data = await response.json().catch(() => ({}));
+  const entries = Array.isArray(data.entries) ? data.entries.slice(0, AUDIT_ROWS) : [];
+  if (!entries.length) { note("no operator action recorded yet"); return; }
+  fill(tbody, entries.map((e) => [
+    el("td", clock(Number(e.time))), shown(e.actor), shown(e.action), shown(e.target),
+    shown(e.before) + " → " + shown(e.after),
+  ]));
+}
+
 function draw(doc) {
   current = doc;
   if (doc.history.length) {
@@ -204,7 +311,7 @@ function draw(doc) {
   drawTransitions(doc);
   drawWorkers(doc);
   drawSheds(doc);
-  drawState("breakers", doc.breakers);
+  drawBreakers(doc.breakers);
   drawState("rollout", doc.rollout);
   $("refreshed").textContent = "refreshed " + clock(doc.generated_at);
   $("refreshed").classList.remove("stale");
@@ -213,6 +320,7 @@ function draw(doc) {
 async function poll() {
   try {
     draw(await call("GET", "/v1/status"));
+    if (polls++ % AUDIT_EVERY === 0) await pollAudit();
   } catch (error) {
     if (error.message !== "refused") {
       $("refreshed").textContent = "refresh failed: " + error.message;
@@ -222,6 +330,7 @@ async function poll() {
 }
 
 function start() {
+  polls = 0;
   $("login").hidden = true;
   $("board").hidden = false;
   $("logout").hidden = false;
@@ -254,6 +363,7 @@ async function switchMode() {
     if (error.message !== "refused") $("refreshed").textContent = "mode change failed: " + error.message;
     return;
   }
+  polls = 0;  // the switch is an audited action: show it at once
   poll();
 }
 

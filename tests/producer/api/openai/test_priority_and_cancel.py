@@ -13,7 +13,8 @@ import pytest
 from ops.lab.sim.process import SimulatorProcess
 from shared.models import TicketStatus
 from tests.producer.api.openai.conftest import Gateway, RunningWorker
-from tests.worker.conftest import sim_metric, wait_for
+from tests.waiting import wait_until
+from tests.worker.conftest import sim_metric
 from tests.worker.support import producer_for, submit, ticket, wait_inflight
 
 LOAN_MESSAGES = [{"role": "user", "content": "Approve the mortgage of customer 4411?"}]
@@ -72,7 +73,7 @@ def test_closing_a_stream_mid_answer_cancels_the_ticket_and_aborts_the_request(
         got = [line for _, line in zip(range(6), pieces, strict=False)]
         assert any(line.startswith("data: {") for line in got)
         closed_at = time.monotonic()
-    wait_for(
+    wait_until(
         lambda: sim_metric(sim.base_url, "tidegate_sim_aborted_requests_total") == 1,
         5,
         "the simulator to count the request aborted",
@@ -90,7 +91,7 @@ def test_a_non_streamed_call_that_times_out_while_queued_is_cancelled(gateway: G
     client = gateway.client(gateway.key(default_type="complaint"), timeout=httpx.Timeout(1.0))
     with pytest.raises(openai.APITimeoutError):
         client.chat.completions.create(model="tidegate", messages=LOAN_MESSAGES, max_tokens=8)  # type: ignore[arg-type]
-    counts = wait_for(
+    counts = wait_until(
         lambda: (c := gateway.queue.stats().counts).get("complaint:cancelled") == 1 and c,
         5,
         "the queued ticket to be cancelled",
@@ -127,7 +128,7 @@ def test_a_non_streamed_call_closed_while_running_aborts_the_request(
     client = gateway.client(gateway.key(default_type="complaint"), timeout=httpx.Timeout(1.5))
     with pytest.raises(openai.APITimeoutError):
         client.chat.completions.create(model="tidegate", messages=LOAN_MESSAGES, max_tokens=2000)  # type: ignore[arg-type]
-    wait_for(
+    wait_until(
         lambda: sim_metric(sim.base_url, "tidegate_sim_aborted_requests_total") == 1,
         5,
         "the simulator to count the request aborted",

@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from ops.lab.sim.process import SimulatorProcess
 from shared.models import Ticket, TicketStatus
 from tests.producer.api.openai.conftest import Gateway
-from tests.worker.conftest import wait_for
+from tests.waiting import wait_until
 
 MESSAGES: list[Any] = [{"role": "user", "content": "Is my loan application complete?"}]
 
@@ -46,7 +46,7 @@ def _shape(obj: Any) -> Any:
 def test_models_lists_the_alias_and_the_served_model(gateway: Gateway, backend: SimulatorProcess) -> None:
     client = gateway.client(gateway.key())
     served = requests.get(backend.base_url + "/v1/models", timeout=5).json()["data"][0]["id"]
-    ids = wait_for(
+    ids = wait_until(
         lambda: (found := [m.id for m in client.models.list()]) and served in found and found,
         10,
         "the worker's model to be listed",

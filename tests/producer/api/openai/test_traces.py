@@ -20,7 +20,7 @@ from ops.lab.sim.process import SimulatorProcess
 from shared import tracing
 from shared.models import TicketStatus
 from tests.producer.api.openai.conftest import Gateway
-from tests.worker.conftest import wait_for
+from tests.waiting import wait_until
 
 COMPLAINT = {"type": "complaint", "prompt": "My card was charged twice.", "max_tokens": 8}
 
@@ -53,7 +53,7 @@ def _named(exporter: InMemorySpanExporter, ticket_id: str) -> dict[str, Readable
         trace_id = ticket_spans[0].context.trace_id
         return {s.name: s for s in finished if s.context.trace_id == trace_id}
 
-    named: dict[str, ReadableSpan] = wait_for(found, 20, "the worker's span of the ticket")
+    named: dict[str, ReadableSpan] = wait_until(found, 20, "the worker's span of the ticket")
     return named
 
 
@@ -71,7 +71,7 @@ def _submit(gateway: Gateway, headers: dict[str, str]) -> str:
     )
     assert response.status_code == 202, response.text
     ticket_id: str = response.json()["id"]
-    wait_for(
+    wait_until(
         lambda: (t := gateway.queue.get(ticket_id)) is not None and t.status is TicketStatus.DONE,
         20,
         "the ticket to be done",

@@ -9,7 +9,7 @@ from typing import Any
 
 from producer.api.openai.waiting import CHECK_SECONDS
 from tests.producer.api.openai.conftest import Gateway
-from tests.worker.conftest import wait_for
+from tests.waiting import wait_until
 
 
 def test_a_ticket_finished_without_publishing_still_answers(gateway: Gateway) -> None:
@@ -22,7 +22,7 @@ def test_a_ticket_finished_without_publishing_still_answers(gateway: Gateway) ->
         daemon=True,
     )
     caller.start()
-    wait_for(lambda: gateway.queue.stats().depth == 1, 5, "the call's ticket to be queued")
+    wait_until(lambda: gateway.queue.stats().depth == 1, 5, "the call's ticket to be queued")
     (claimed,) = gateway.queue.claim("silent-worker", 1)
     usage = {"prompt_tokens": 2, "completion_tokens": 3, "finish_reason": "stop"}
     finished_at = time.monotonic()
