@@ -6,9 +6,11 @@ each request of a pair sees the same cached state; every pair is compared field 
 
 from __future__ import annotations
 
+import re
 import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,6 +23,7 @@ from producer.api.keys import Role
 from shared.config import Settings
 from shared.control import Mode, set_mode
 from shared.keys import QueueKeys
+from shared.policy import default_policy_text
 from shared.shed_log import recent_sheds
 from tests.producer.api.conftest import publish_alarm
 from tests.producer.api.server import serve
@@ -45,9 +48,22 @@ class Side:
 
 
 @pytest.fixture
-def sides(redis_url: str, queue_name: str) -> Iterator[tuple[Side, Side]]:
+def policy_file(request: pytest.FixtureRequest, tmp_path: Path) -> Path | None:
+    """The deployment's policy file: None (the default policy), or "capped": every type's cap 2."""
+    if getattr(request, "param", None) != "capped":
+        return None
+    path = tmp_path / "capped.toml"
+    path.write_text(re.sub(r"(?m)^cap = \d+", "cap = 2", default_policy_text()))
+    return path
+
+
+@pytest.fixture
+def sides(redis_url: str, queue_name: str, policy_file: Path | None) -> Iterator[tuple[Side, Side]]:
     settings = Settings(
-        redis_url=redis_url, queue_name=queue_name, operator_key="op_" + secrets.token_urlsafe(16)
+        redis_url=redis_url,
+        queue_name=queue_name,
+        operator_key="op_" + secrets.token_urlsafe(16),
+        policy_file=str(policy_file) if policy_file else None,
     )
     fast = create_app(settings, auth_cache_seconds=LONG_CACHE_S, admission_cache_seconds=LONG_CACHE_S)
     route = create_app(
@@ -167,4 +183,18 @@ def test_orange_and_critical_only_shed_alike(
     publish_alarm(redis_client, keys, "green")
     set_mode(redis_client, keys, Mode.CRITICAL_ONLY)
     _warm(sides, COMPLAINT)
+    assert _same_answer(sides, redis_client, keys, COMPLAINT) == (429, True)
+
+
+@pytest.mark.parametrize("policy_file", ["capped"], indirect=True)
+def test_a_cap_seen_by_the_script_is_refused_alike_from_memory(
+    sides: tuple[Side, Side], redis_client: Redis, queue_name: str
+) -> None:
+    keys = QueueKeys(queue_name)
+    publish_alarm(redis_client, keys, "green")  # a drain rate: Retry-After 1 s on both sides
+    fast, route = sides
+    for _ in range(3):  # two queued, then the script refuses the third at the cap
+        fast.session.post(fast.url + "/v1/tickets", json=COMPLAINT, timeout=10)
+    refused = route.session.post(route.url + "/v1/tickets", json=COMPLAINT, timeout=10)
+    assert refused.json()["error"]["code"] == "type_cap_reached"  # each side has now seen the cap
     assert _same_answer(sides, redis_client, keys, COMPLAINT) == (429, True)
