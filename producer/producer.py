@@ -149,5 +149,10 @@ def _submit_result(enqueued: EnqueueResult, decision: Decision) -> SubmitResult:
     ticket = enqueued.ticket
     reason = ticket.error if ticket is not None and ticket.error else ""
     return SubmitResult(
-        "rejected", enqueued.ticket_id, ticket, enqueued.code, reason, retry_after=decision.retry_after
+        "rejected",
+        enqueued.ticket_id,
+        ticket,
+        enqueued.code,
+        reason,
+        retry_after=decision.retry_after if enqueued.retry_after is None else enqueued.retry_after,
     )

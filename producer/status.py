@@ -12,6 +12,7 @@ from redis import Redis
 
 from shared import clock
 from shared.breaker_store import BreakerStore
+from shared.class_counts import class_counts
 from shared.control import read_control_state, read_events
 from shared.depth_history import read_depth_history
 from shared.keys import QueueKeys
@@ -85,6 +86,9 @@ def operator_status(redis: Redis, policy: Policy, queue_name: str) -> dict[str, 
         "redis_used_memory": state.redis_used_memory,
         "redis_memory_budget": state.redis_memory_budget,
         "outcomes": stats.counts,
+        "by_class": {
+            name: counts.as_dict() for name, counts in class_counts(stats.counts, policy.type_names).items()
+        },
         "sheds": {
             "window_seconds": sheds.window_seconds,
             "total": sheds.total,

@@ -39,6 +39,7 @@ from prometheus_client.registry import Collector
 
 from shared import clock
 from shared.breaker_store import BreakerStore, BreakerView
+from shared.class_counts import class_counts
 from shared.control import Mode, read_control_state
 from shared.keys import QueueKeys
 from shared.live_workers import WorkerView, read_live_workers
@@ -241,7 +242,24 @@ class _QueueState:
                 arrivals.add_metric([ticket_type], value)
             else:
                 family.add_metric([ticket_type, outcome], value)
-        return [family, arrivals]
+        return [family, arrivals, *self._class_counts(counts)]
+
+    def _class_counts(self, counts: dict[str, int]) -> list[Metric]:
+        shed = CounterMetricFamily(
+            "tidegate_tickets_shed",
+            "Tickets refused at submission, by type and shed code (from Redis).",
+            labels=["type", "code"],
+        )
+        expired = CounterMetricFamily(
+            "tidegate_tickets_expired_before_start",
+            "Tickets a worker ended unstarted as their deadline could no longer be met (from Redis).",
+            labels=["type"],
+        )
+        for ticket_type, figures in sorted(class_counts(counts, self.policy.type_names).items()):
+            for code, value in sorted(figures.refused.items()):
+                shed.add_metric([ticket_type, code], value)
+            expired.add_metric([ticket_type], figures.expired_before_start)
+        return [shed, expired]
 
 
 def _breaker_families(views: list[BreakerView]) -> list[Metric]:

@@ -68,6 +68,12 @@ class TicketRequest(BaseModel):
     callback_url: AnyHttpUrl | None = None
     live: LiveMode | None = None
     sampling: dict[str, Any] | None = Field(default=None, max_length=64)
+    deadline_ms: int | None = Field(
+        default=None,
+        ge=1,
+        le=7 * 86_400_000,
+        description="the caller's deadline, in milliseconds from now; the type's SLO applies when sooner",
+    )
 
     @field_validator("type")
     @classmethod
@@ -204,6 +210,10 @@ class Ticket(BaseModel):
     prompt_digest: str | None = None
     created_at: float
     expires_at: float
+    first_seen_at: float | None = None
+    """When the request was first submitted (the first try under its idempotency key)."""
+    deadline: float | None = None
+    """When the answer is due: the type's SLO from `first_seen_at`, or the caller's sooner deadline."""
     started_at: float | None = None
     finished_at: float | None = None
     first_token_at: float | None = None

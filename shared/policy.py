@@ -117,6 +117,14 @@ class AlarmPolicy(_Strict):
     red: int = Field(default=80, ge=0)
     clear_margin: int = Field(default=5, ge=0)
     clear_hold_seconds: float = Field(default=5, ge=0)
+    window_seconds: float = Field(
+        default=10, ge=0, description="the level follows depth averaged over this long; 0 = each sample"
+    )
+    min_dwell_seconds: float = Field(
+        default=10,
+        ge=0,
+        description="no step down within this long of the last change, nor up after a step down",
+    )
 
     @model_validator(mode="after")
     def _ordered(self) -> AlarmPolicy:

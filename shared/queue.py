@@ -54,7 +54,8 @@ class Outcome:
 
     ticket_id: str
     token: str
-    status: Literal["done", "failed"]
+    status: Literal["done", "failed", "expired"]
+    """`expired`: not started, its deadline could no longer be met (counted `<type>:deadline_passed`)."""
     result: str | None = None
     usage: dict[str, Any] | None = None
     error: str = ""
@@ -337,7 +338,7 @@ class TicketQueue:
         self,
         ticket_id: str,
         token: str,
-        status: Literal["done", "failed"],
+        status: Literal["done", "failed", "expired"],
         *,
         result: str | None = None,
         usage: dict[str, Any] | None = None,
@@ -359,9 +360,9 @@ class TicketQueue:
             return []
         args: list[Any] = [repr(clock.now()), self.policy.queue.retention_spec]
         for index, outcome in enumerate(outcomes):
-            if outcome.status not in ("done", "failed"):
+            if outcome.status not in ("done", "failed", "expired"):
                 raise FinishItemError(
-                    index, outcome.ticket_id, "status", f"{outcome.status!r} is not done or failed"
+                    index, outcome.ticket_id, "status", f"{outcome.status!r} is not done, failed or expired"
                 )
             args.extend(outcome.arguments())
         keys = [self.keys.inflight, self.keys.counts, self.keys.outbox, self.keys.ticket_prefix]

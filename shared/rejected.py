@@ -27,8 +27,10 @@ PACKED = (
     "prompt_chars",
     "prompt_digest",
     "created_at",
+    "first_seen_at",
 )
-"""The record's values after its shed code and Retry-After, in the order the Lua packs them."""
+"""The record's values after its shed code and Retry-After, in the order the Lua packs them (a
+retry's first sighting last, empty for a first try)."""
 SEPARATOR = "\x1f"
 
 

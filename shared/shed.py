@@ -1,7 +1,7 @@
 """Why a ticket was shed: one code per admission rule, and the words for each code.
 
-Admission (producer/admission.py) and the enqueue script's cap check are the only places that decide
-to shed; they return a `ShedCode`. Everything that explains a shed (the 429 body, the rejected
+Admission (producer/admission.py) and the enqueue script's cap and deadline checks are the only
+places that decide to shed; they return a `ShedCode`. Everything that explains a shed (the 429 body, the rejected
 record, metrics, the status page) looks the code up here and never works the reason out again.
 """
 
@@ -24,6 +24,7 @@ class ShedCode(StrEnum):
     TYPE_CAP = "type_cap_reached"
     BRANCH_SHARE = "branch_share_exceeded"
     CIRCUIT_OPEN = "circuit_open"
+    DEADLINE_UNREACHABLE = "deadline_unreachable"
 
     @property
     def error_type(self) -> str:
@@ -51,6 +52,10 @@ _CAUSES: dict[ShedCode, str] = {
         "while other branches are waiting (the cap divided by the branches with requests waiting)"
     ),
     ShedCode.CIRCUIT_OPEN: "the inference service is failing and is paused while it recovers",
+    ShedCode.DEADLINE_UNREACHABLE: (
+        "the requests ahead of it would keep it waiting past its deadline, so it would be answered "
+        "only when the answer is no longer wanted"
+    ),
 }
 
 

@@ -28,6 +28,7 @@ from redis.asyncio import Redis as AsyncRedis
 from redis.exceptions import NoScriptError, ResponseError
 
 from shared import clock, tracing
+from shared.deadlines import deadline_rule_fields, ticket_deadline
 from shared.ids import new_ticket_id
 from shared.keys import WAKE_LIST_CAP, QueueKeys
 from shared.models import Ticket, TicketRequest, TicketStatus
@@ -108,6 +109,9 @@ class EnqueueResult:
     """The stored ticket for new and rejected tickets; None for `existing` (read it with `get`)."""
     code: ShedCode | None = None
     """Why a rejected ticket was shed."""
+    retry_after: float | None = None
+    """Seconds the enqueue script's own estimate asks a shed ticket to wait (the deadline rule);
+    None when admission's estimate stands."""
 
 
 @dataclass(frozen=True)
@@ -181,6 +185,7 @@ class Submission:
         created = clock.now() if now is None else now
         type_policy = self.policy.type_policy(request.type)
         ttl = float(request.ttl_seconds or type_policy.ttl_seconds)
+        deadline = ticket_deadline(type_policy, created, request.deadline_ms)
         return Ticket(
             id=new_ticket_id(),
             type=request.type,
@@ -203,6 +208,8 @@ class Submission:
             prompt_digest=request.prompt_digest,
             created_at=created,
             expires_at=created + ttl,
+            first_seen_at=created,
+            deadline=deadline,
             max_attempts=self.policy.queue.max_attempts,
             route=route,
             traceparent=tracing.current_traceparent(),
@@ -220,6 +227,10 @@ class Submission:
         # lean fields alone: its prompt and the rest are not worth sending.
         columns = LEAN_FIELDS if shed else COLUMNS
         pairs = [(name, stored_value(name, getattr(ticket, name))) for name in columns]
+        assert ticket.deadline is not None  # build_ticket gives every ticket one
+        pairs[len(LEAN_FIELDS) : len(LEAN_FIELDS)] = deadline_rule_fields(
+            self.policy, ticket.type, ticket.deadline
+        )
         lean = sum(1 for name, value in pairs[: len(LEAN_FIELDS)] if value)
         fields = [item for pair in pairs if pair[1] for item in pair]
         values = [
@@ -255,6 +266,7 @@ class Submission:
             "",
             *[self.keys.waiting(t) for t in types],
             *[self.keys.branch_depth(t) for t in types],
+            self.keys.monitor_state,
         ]
         queue = self.policy.queue
         args: list[Any] = [
@@ -289,13 +301,19 @@ class Submission:
             return EnqueueResult("existing", ticket_id)
         if outcome == "rejected":  # what the script stored: the lean record, its code and words
             code = ShedCode.parse(raw[2])
-            words = raw[3] or self.shed_words(code, ticket.type)  # the fair-share rule leaves them to us
+            retry_after = options.retry_after
+            estimated: float | None = None
+            if code is ShedCode.DEADLINE_UNREACHABLE:  # the script's estimate comes in the words' place
+                estimated = retry_after = float(raw[3])
+                words = self.shed_words(code, ticket.type)
+            else:
+                words = raw[3] or self.shed_words(code, ticket.type)  # the fair-share rule leaves them
             update = {
                 "id": ticket_id,
                 "status": TicketStatus.REJECTED,
                 "error": words,
                 "shed_code": code.value,
-                "retry_after": options.retry_after,
+                "retry_after": retry_after,
                 "finished_at": ticket.created_at,
                 "prompt_tokens_estimate": 0,
                 "urgent_level": 0,
@@ -304,7 +322,8 @@ class Submission:
                 "prompt": None,
                 "messages": None,
             }
-            return EnqueueResult("rejected", ticket_id, ticket.model_copy(update=update), code)
+            stored = ticket.model_copy(update=update)
+            return EnqueueResult("rejected", ticket_id, stored, code, estimated)
         queued = ticket if ticket_id == ticket.id else ticket.model_copy(update={"id": ticket_id})
         return EnqueueResult("queued", ticket_id, queued)
 

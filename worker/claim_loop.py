@@ -19,10 +19,12 @@ from collections.abc import Callable
 
 import redis
 
+from shared import clock
 from shared.queue import ClaimedTicket
 from worker import telemetry
 from worker.batch_sizer import BatchSizer
 from worker.breaker_gate import BreakerGate, Gate
+from worker.deadlines import StartRule
 from worker.headroom import CriticalHeadroom
 from worker.inflight import InFlight, RunningTicket
 from worker.inflight_limit import InflightLimit
@@ -57,6 +59,7 @@ class ClaimLoop:
         limits: InflightLimit | None = None,
         preemptor: Preemptor | None = None,
         breakers: BreakerGate | None = None,
+        start_rule: StartRule | None = None,
     ) -> None:
         self.queue = queue
         self.worker_id = worker_id
@@ -73,6 +76,7 @@ class ClaimLoop:
         self.limits = limits or InflightLimit(sizer=sizer, headroom=CriticalHeadroom(share=0.0))
         self.preemptor = preemptor
         self.critical = frozenset(queue.policy.critical_types)
+        self.start_rule = start_rule
         self.breakers = breakers
         self.claimed_total = 0
         self._probe = False
@@ -145,8 +149,12 @@ class ClaimLoop:
         self.inflight.wait_for_departure(min(PREEMPT_CHECK_SECONDS, self.block_seconds))
 
     def _start_all(self, claimed: list[ClaimedTicket]) -> None:
+        now = clock.now()
         for item in claimed:
             self.claimed_total += 1
+            if self.start_rule is not None and self.start_rule.too_late(item.ticket, now):
+                self.writer.deadline_passed(item, self.start_rule.reason(item.ticket, now))
+                continue
             running = RunningTicket(
                 item.ticket,
                 item.token,

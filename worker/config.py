@@ -125,6 +125,11 @@ class WorkerConfig(Settings):
     kv_dtype_bytes: int | None = Field(
         default=None, ge=1, description="override: bytes per KV element (2 = fp16)"
     )
+    deadline_service_seconds: float = Field(
+        default=0.25,
+        ge=0,
+        description="the least time an answer takes: a claimed ticket due sooner is ended, not started",
+    )
     max_preemptions: int = Field(
         default=2, ge=0, description="times one ticket may be put back; after that it runs to the end"
     )

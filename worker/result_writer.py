@@ -13,7 +13,7 @@ import logging
 from shared import clock
 from shared.logs import ticket_fields
 from shared.models import TicketStatus
-from shared.queue import TicketQueue
+from shared.queue import ClaimedTicket, TicketQueue
 from worker import telemetry
 from worker.inflight import AbortReason, RunningTicket
 from worker.queue_set import Queues, QueueSet
@@ -75,6 +75,15 @@ class ResultWriter:
                 running.id,
                 extra=ticket_fields(running.ticket, self.worker_id),
             )
+        return written
+
+    def deadline_passed(self, claimed: ClaimedTicket, reason: str) -> bool:
+        """End a claimed, unstarted ticket `expired`: its deadline can no longer be met."""
+        ticket = claimed.ticket
+        written = self.queue.finish(ticket.id, claimed.token, "expired", error=reason)
+        log.info(
+            "ticket %s: expired unstarted: %s", ticket.id, reason, extra=ticket_fields(ticket, self.worker_id)
+        )
         return written
 
     def retry(

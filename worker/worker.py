@@ -33,6 +33,7 @@ from worker.breaker_gate import BreakerGate, fallback_urls
 from worker.claim_loop import ClaimLoop
 from worker.config import WorkerConfig
 from worker.critical_pressure import CriticalPressure
+from worker.deadlines import StartRule
 from worker.execution import Executor
 from worker.gpu_memory import GpuMemoryProvider
 from worker.headroom import CriticalHeadroom
@@ -196,6 +197,7 @@ class Worker:
             limits=self.limits,
             preemptor=self.preemptor,
             breakers=self.breakers,
+            start_rule=StartRule(frozenset(self.policy.critical_types), self.config.deadline_service_seconds),
         )
 
     def _housekeeping(self, gpu_provider: GpuMemoryProvider | None) -> Housekeeping:

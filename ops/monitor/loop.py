@@ -256,7 +256,10 @@ class Monitor:
         kv_free = sample.kv_free_min
         figures = {
             "drain_rate": round(sample.drain_rate, 4),
+            "service_rate": round(sample.service_rate, 4),
+            "service_peak": round(sample.service_peak, 4),
             "arrival_rate": round(sample.arrival_rate, 4),
+            **{f"arrival_rate:{name}": round(rate, 4) for name, rate in sample.arrival_rate_by_type.items()},
             "desired_workers": desired,
             "kv_free_min": "" if kv_free is None else round(kv_free, 4),
             "workers_alive": sample.workers_alive,

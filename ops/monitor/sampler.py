@@ -16,6 +16,9 @@ from shared.queue import QueueStats, TicketQueue
 
 DRAIN_OUTCOMES = ("done", "failed", "expired", "cancelled")
 """Outcomes that take a ticket out of the system; their growth is the drain rate."""
+SERVED_OUTCOMES = ("done", "failed")
+"""Outcomes of tickets a worker ran; their growth is the service rate the deadline rule divides by
+(tickets that expire or are cancelled leave fast without GPU time, so they would flatter it)."""
 
 
 class RateWindow:
@@ -45,8 +48,16 @@ class Sample:
     stats: QueueStats
     drain_rate: float
     """Tickets per second that reached done, failed, expired or cancelled."""
+    service_rate: float
+    """Tickets per second that workers ran to done or failed."""
     arrival_rate: float
     """Tickets per second admitted into the queue (submitted minus rejected)."""
+    arrival_rate_by_type: dict[str, float] = field(default_factory=dict)
+    """The same per type: the deadline rule subtracts the arrivals of better types from the
+    service rate, as they will start ahead of a ticket already waiting."""
+    service_peak: float = 0.0
+    """The highest service rate of the last `PEAK_SECONDS`: what the workers can do, where the
+    current rate is only what they were given (at a sudden step it lags the load)."""
     workers: list[WorkerView] = field(default_factory=list)
 
     @property
@@ -66,23 +77,41 @@ def _total(stats: QueueStats, outcomes: tuple[str, ...]) -> int:
     return sum(value for key, value in stats.counts.items() if key.rpartition(":")[2] in outcomes)
 
 
+PEAK_SECONDS = 300.0
+
+
 class Sampler:
     """Takes samples of one queue and keeps the windows its rates need."""
 
     def __init__(self, queue: TicketQueue, window_seconds: float = 30.0) -> None:
         self.queue = queue
         self._drained = RateWindow(window_seconds)
+        self._served = RateWindow(window_seconds)
+        self._service_rates: deque[tuple[float, float]] = deque()
         self._arrived = RateWindow(window_seconds)
+        self._arrived_by_type = {name: RateWindow(window_seconds) for name in queue.policy.type_names}
 
     def sample(self, now: float | None = None) -> Sample:
         at = clock.now() if now is None else now
         stats = self.queue.stats()
         workers = read_live_workers(self.queue.redis, self.queue.keys, at)
         admitted = _total(stats, ("submitted",)) - _total(stats, ("rejected",))
+        service_rate = self._served.add(at, _total(stats, SERVED_OUTCOMES))
+        self._service_rates.append((at, service_rate))
+        while self._service_rates and at - self._service_rates[0][0] > PEAK_SECONDS:
+            self._service_rates.popleft()
         return Sample(
             at=at,
             stats=stats,
             drain_rate=self._drained.add(at, _total(stats, DRAIN_OUTCOMES)),
+            service_rate=service_rate,
+            service_peak=max(rate for _, rate in self._service_rates),
             arrival_rate=self._arrived.add(at, admitted),
+            arrival_rate_by_type={
+                name: window.add(
+                    at, stats.outcome_count(name, "submitted") - stats.outcome_count(name, "rejected")
+                )
+                for name, window in self._arrived_by_type.items()
+            },
             workers=workers,
         )

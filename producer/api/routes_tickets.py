@@ -50,6 +50,18 @@ router = APIRouter(prefix="/v1", tags=["tickets"])
 
 NOT_FOUND = "no such ticket for this key"
 REPLAYED_HEADER = "Idempotent-Replayed"
+DEADLINE_HEADER = "X-Tidegate-Deadline-Ms"
+QUEUE_MS_HEADER = "X-Tidegate-Queue-Ms"
+DeadlineMs = Annotated[
+    int,  # not `int | None`: documented as an integer header, absent when not sent
+    Header(
+        alias=DEADLINE_HEADER,
+        ge=1,
+        le=7 * 86_400_000,
+        description="the caller's deadline in milliseconds from now; the smaller of it and the body's "
+        "deadline_ms wins",
+    ),
+]
 
 TicketId = Annotated[str, Path(pattern=TICKET_ID_PATTERN, description="id returned at submission")]
 
@@ -92,12 +104,15 @@ def _request(
     branch: str,
     loc: list[str | int],
     idempotency_key: str | None = None,
+    deadline_ms: int | None = None,
 ) -> TicketRequest:
     """The parsed body as the request it is, for `branch`, checked against the policy without
     parsing it again."""
     update: dict[str, Any] = {"branch_id": branch}
     if idempotency_key is not None:
         update["idempotency_key"] = idempotency_key
+    if deadline_ms is not None:
+        update["deadline_ms"] = min(deadline_ms, body.deadline_ms or deadline_ms)
     try:
         return context.producer.check(body.model_copy(update=update))
     except TicketValidationError as exc:
@@ -148,17 +163,22 @@ async def submit_ticket(
             description="a retry with the same key returns the same ticket",
         ),
     ] = None,
+    deadline_ms: DeadlineMs = None,  # type: ignore[assignment]
 ) -> JSONResponse:
     """202 with the ticket's id, status, priority and expiry; 429 with Retry-After when shed."""
     try:
-        request = submission_request(context, principal, body, idempotency_key)
+        request = submission_request(context, principal, body, idempotency_key, deadline_ms)
     except Invalid as exc:
         raise RequestValidationError([issue.model_dump() for issue in exc.issues]) from None
     return await answer_submission(context, request)
 
 
 def submission_request(
-    context: ApiContext, principal: Principal, body: TicketBody, idempotency_key: str | None
+    context: ApiContext,
+    principal: Principal,
+    body: TicketBody,
+    idempotency_key: str | None,
+    deadline_ms: int | None = None,
 ) -> TicketRequest:
     """The request a POSTed body makes for this caller, checked against the policy; ApiError (403,
     409) or Invalid (422) otherwise. The shed shortcut (producer/api/shed_shortcut.py) builds its
@@ -172,7 +192,7 @@ def submission_request(
             code="idempotency_key_conflict",
             param="Idempotency-Key",
         )
-    return _request(context, body, branch, ["body"], idempotency_key)
+    return _request(context, body, branch, ["body"], idempotency_key, deadline_ms)
 
 
 async def answer_submission(context: ApiContext, request: TicketRequest) -> JSONResponse:
@@ -288,8 +308,14 @@ def own_ticket(context: ApiContext, principal: Principal, ticket_id: str) -> Tic
     responses=error_responses({401: UNAUTHORIZED, 404: NOT_FOUND}),
     summary="Read a ticket: status, result, error, timings",
 )
-def read_ticket(ticket_id: TicketId, context: Context, principal: Caller) -> TicketView:
-    return TicketView.from_ticket(own_ticket(context, principal, ticket_id))
+def read_ticket(ticket_id: TicketId, context: Context, principal: Caller) -> JSONResponse:
+    """The ticket; once a worker started it, `X-Tidegate-Queue-Ms` says how long it was queued."""
+    ticket = own_ticket(context, principal, ticket_id)
+    view = TicketView.from_ticket(ticket)
+    headers = {}
+    if ticket.queue_wait_seconds is not None:
+        headers[QUEUE_MS_HEADER] = str(max(round(ticket.queue_wait_seconds * 1000), 0))
+    return JSONResponse(view.model_dump(mode="json"), headers=headers)
 
 
 @router.delete(

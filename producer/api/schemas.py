@@ -145,6 +145,10 @@ class TicketView(BaseModel):
     usage: dict[str, Any] | None
     created_at: float
     expires_at: float
+    deadline: float | None = Field(
+        default=None,
+        description="Unix time the answer is due: the type's SLO or the caller's sooner deadline",
+    )
     started_at: float | None
     first_token_at: float | None
     finished_at: float | None
@@ -169,6 +173,7 @@ class TicketView(BaseModel):
             usage=ticket.usage,
             created_at=ticket.created_at,
             expires_at=ticket.expires_at,
+            deadline=ticket.deadline,
             started_at=ticket.started_at,
             first_token_at=ticket.first_token_at,
             finished_at=ticket.finished_at,

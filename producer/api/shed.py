@@ -13,6 +13,9 @@ from producer.producer import SubmitResult
 from shared.policy import Policy
 from shared.shed import ShedCode, shed_message
 
+SHED_HEADER = "X-Tidegate-Shed"
+"""The shed code of a refused request, for callers (and proxies) that read headers, not bodies."""
+
 
 @dataclass(frozen=True)
 class Shed:
@@ -21,7 +24,7 @@ class Shed:
 
     @property
     def headers(self) -> dict[str, str]:
-        return {"Retry-After": str(self.retry_after)}
+        return {"Retry-After": str(self.retry_after), SHED_HEADER: self.error.code or "shed"}
 
 
 def retry_after_header(seconds: float | None) -> int:

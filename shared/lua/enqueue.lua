@@ -13,7 +13,7 @@ batch order, so a later ticket sees the earlier ones (its fair share, its turn, 
 
 KEYS[1] pending zset            {q}:pending
 KEYS[2] deadlines zset          {q}:deadlines
-KEYS[3] counts hash             {q}:counts
+KEYS[3] counts hash             {q}:counts   ("<type>:submitted", ":rejected", ":shed:<code>")
 KEYS[4] wake list               {q}:wake
 KEYS[5] delayed zset            {q}:delayed
 KEYS[6] ticket hash prefix      {q}:t:      (ids are the caller's; the prefix carries the queue's
@@ -25,6 +25,7 @@ KEYS[7] idempotency prefix      {q}:idem:   (+ "<branch>:<key>"; + "~<window>": 
 KEYS[8] shed counts of the minute {q}:sheds:<minute>  ("<type>:<code>" → count; lives ARGV[3])
 KEYS[9..8+n] waiting zset of each type, in the order of the type names below
 KEYS[9+n..8+2n] branch depth hash of each type, same order
+KEYS[9+2n] monitor state hash   {q}:monitor  (its service rate, for the deadline rule)
 
 ARGV[1] created_at of every ticket of the batch (Unix seconds)
 ARGV[2] seconds an accepted ticket's idempotency key lives (its longest retention)
@@ -45,16 +46,25 @@ others out of a type. Turns: while several branches wait, a new ticket is scored
 type's equal-priority ticket at its round-robin place (lib/tickets.lua `turn_score`), so branches
 of equal priority are served in turn instead of a flood first.
 
+Deadlines (lib/deadline.lua): a ticket's fields carry its `deadline`, its type's `slo_seconds`,
+`admit_late` ("1": never refused by this rule) and `ahead_types` (the types served before it). A retry under the idempotency key of a shed
+try keeps that try's `first_seen_at`, so the SLO counts from the first submission. A ticket that
+would pass every other rule but cannot start before its deadline is recorded rejected with code
+deadline_unreachable and a Retry-After from the estimate.
+
 Returns one flat list, four values per ticket in batch order: "queued", id, "", "" |
-"existing", id of the earlier ticket, "", "" | "rejected", id, code, words.
+"existing", id of the earlier ticket, "", "" | "rejected", id, code, words (for
+deadline_unreachable: the Retry-After seconds of the estimate, the words being left to the caller).
 ]]
 -- @include tickets
 -- @include rejected
+-- @include deadline
 
 local created = ARGV[1]
 local ntypes = tonumber(ARGV[5])
 local waiting = waiting_keys(9, 6, ntypes)
 local depths = waiting_keys(9 + ntypes, 6, ntypes)
+local monitor_key = KEYS[9 + 2 * ntypes]
 local caps, cap_words = {}, {}
 for i = 0, ntypes - 1 do
   caps[ARGV[6 + i]] = tonumber(ARGV[6 + ntypes + i])
@@ -108,6 +118,7 @@ for i = 1, #starts do
   local ticket_key = KEYS[6] .. id
   local idem_key = idem ~= '' and (KEYS[7] .. branch .. ':' .. idem) or nil
   local done = false
+  local first_seen = tonumber(created)
   if idem_key then
     local existing = redis.call('GET', idem_key)
     if existing then
@@ -119,6 +130,7 @@ for i = 1, #starts do
         -- An earlier try of this submission was shed: this one takes over its id and record.
         id = existing
         ticket_key = KEYS[6] .. existing
+        first_seen = math.min(first_seen, first_sighting(ticket_key) or first_seen)
         redis.call('DEL', ticket_key)
       end
     else
@@ -126,21 +138,33 @@ for i = 1, #starts do
       if shed_before then  -- an earlier try was shed: take over its id (its record is rewritten)
         id = shed_before
         ticket_key = KEYS[6] .. id
+        first_seen = math.min(first_seen, rejected_first_sighting(KEYS[6], id) or first_seen)
         forget_rejected(KEYS[6], id)
       end
     end
   end
   if not done then
     bump(submitted, ticket_type)
-    local code, words = ARGV[at + 8], ARGV[at + 9]
+    local code, words, retry_after = ARGV[at + 8], ARGV[at + 9], ARGV[at + 10]
     local held, branches = 0, 1
     if code == '' then
       held, branches = branch_standing(depths[ticket_type], branch)
       code, words = fair_share_verdict(waiting[ticket_type], held, branches, caps[ticket_type],
         cap_words[ticket_type])
     end
+    local deadline = carried_deadline(fields_at, fields_end, first_seen)
+    if code == '' then
+      local late = deadline_refusal(KEYS[1], monitor_key, score, tonumber(created), deadline,
+        pair_value(fields_at, fields_end, 'admit_late') == '1', pair_value(fields_at, fields_end, 'ahead_types'))
+      if late then
+        retry_after = string.format('%.1f', late)
+        code, words = 'deadline_unreachable', retry_after
+      end
+    end
     if code ~= '' then
-      record_rejected(KEYS[6], id, code, ARGV[at + 10], fields_at, lean_end, ARGV[3])
+      -- lean: only a retry's record needs its first sighting
+      local seen = first_seen < tonumber(created) and string.format('%.17g', first_seen) or ''
+      record_rejected(KEYS[6], id, code, retry_after, fields_at, lean_end, seen, ARGV[3])
       if idem_key then remember_rejected_key(KEYS[7], created, ARGV[3], branch .. ':' .. idem, id) end
       bump(rejected, ticket_type)
       bump(shed, ticket_type .. ':' .. code)
@@ -152,6 +176,8 @@ for i = 1, #starts do
       end
       redis.call('HSET', ticket_key, 'id', id, 'status', 'queued', 'score', score,
         unpack(ARGV, fields_at, fields_end))
+      redis.call('HSET', ticket_key, 'first_seen_at', string.format('%.17g', first_seen))
+      if deadline then redis.call('HSET', ticket_key, 'deadline', string.format('%.17g', deadline)) end
       if deferred then
         redis.call('ZADD', KEYS[5], ARGV[at + 7], id)
       else
@@ -170,7 +196,12 @@ end
 for name, n in pairs(submitted) do redis.call('HINCRBY', KEYS[3], name .. ':submitted', n) end
 for name, n in pairs(rejected) do redis.call('HINCRBY', KEYS[3], name .. ':rejected', n) end
 if next(shed) then
-  for name, n in pairs(shed) do redis.call('HINCRBY', KEYS[8], name, n) end
+  for name, n in pairs(shed) do
+    redis.call('HINCRBY', KEYS[8], name, n)
+    -- For good too, per type and code (shared/class_counts.py): "<type>:shed:<code>".
+    local ticket_type, code = string.match(name, '^(.*):([^:]*)$')
+    redis.call('HINCRBY', KEYS[3], ticket_type .. ':shed:' .. code, n)
+  end
   redis.call('EXPIRE', KEYS[8], ARGV[3])
 end
 if queued > 0 then wake_workers(KEYS[4], queued, tonumber(ARGV[4])) end

@@ -1,5 +1,6 @@
 --[[
-Finish running tickets (done, or failed for good), each only for the holder of its current lease:
+Finish running tickets (done, failed for good, or expired unstarted: its deadline can no longer be
+met when its worker took it), each only for the holder of its current lease:
 a worker whose lease expired and was taken over holds a stale token and cannot write an answer.
 Several tickets share one call (one round trip), each fenced on its own; the batch is checked
 before anything is written, so a bad value refuses the whole call with an error naming the ticket
@@ -12,7 +13,7 @@ KEYS[4] ticket hash prefix      {q}:t:   (+ id; the prefix carries the queue's h
 
 ARGV[1] now (Unix seconds)
 ARGV[2] retention spec for tickets ended here (lib/tickets.lua `retention_for`)
-then, per ticket: id, fencing token from the claim, final status ("done" or "failed"), error text
+then, per ticket: id, fencing token from the claim, final status ("done", "failed" or "expired"), error text
 ("" for none), f; then f field, value pairs to store (result, usage, first_token_at, ...)
 
 Returns one reply per ticket in order: "ok", or "stale:<status>" when the caller no longer holds
@@ -24,7 +25,7 @@ local function bad(i, id, field, value, wanted)
   return redis.error_reply('ticket ' .. i .. ' (' .. id .. '): ' .. field .. ' ' .. string.format('%q', value) ..
     ' is not accepted; expected ' .. wanted)
 end
-local finals = {done = true, failed = true}
+local finals = {done = true, failed = true, expired = true}
 local starts = {}
 local at = 3
 while at <= #ARGV do
@@ -35,7 +36,9 @@ while at <= #ARGV do
     return bad(i, id, 'fields', ARGV[at + 4] or '', 'the count of the field pairs that follow')
   end
   if id == '' then return bad(i, id, 'id', id, 'a ticket id') end
-  if not finals[ARGV[at + 2]] then return bad(i, id, 'status', ARGV[at + 2], '"done" or "failed"') end
+  if not finals[ARGV[at + 2]] then
+    return bad(i, id, 'status', ARGV[at + 2], '"done", "failed" or "expired"')
+  end
   starts[i] = at
   at = at + 5 + 2 * fields
 end
@@ -54,6 +57,9 @@ for i = 1, #starts do
     end
     redis.call('ZREM', KEYS[1], id)
     finish_ticket(key, id, t[3], ARGV[at + 2], ARGV[1], ARGV[2], ARGV[at + 3], KEYS[2], KEYS[3])
+    if ARGV[at + 2] == 'expired' then  -- the one expiry here: a deadline passed before the start
+      redis.call('HINCRBY', KEYS[2], t[3] .. ':deadline_passed', 1)
+    end
     replies[i] = 'ok'
   end
 end

@@ -126,6 +126,8 @@ REDIS_STATE = frozenset(
         "tidegate_redis_memory_budget_bytes",
         "tidegate_tickets_total",
         "tidegate_tickets_submitted_total",
+        "tidegate_tickets_shed_total",
+        "tidegate_tickets_expired_before_start_total",
         "tidegate_workers_alive",
         "tidegate_batch_limit",
         "tidegate_gpu_free_bytes",

@@ -54,6 +54,15 @@ def rq_queues(rq_conn: Redis, queue_name: str) -> Iterator[RqQueues]:
 MonitorFactory = Callable[..., Monitor]
 
 
+def instant_alarms(policy: Policy) -> Policy:
+    """The policy with alarms that follow each sample (no averaging window, no dwell): what monitors
+    made here get unless `shipped_alarms`, as their tests check thresholds, holds and actions to the
+    sample. The window and the dwell are checked in test_hysteresis.py, and with the alarms as
+    shipped in test_alarm_walk.py."""
+    alarms = policy.alarms.model_copy(update={"window_seconds": 0, "min_dwell_seconds": 0})
+    return policy.model_copy(update={"alarms": alarms})
+
+
 @pytest.fixture
 def make_monitor(
     redis_client: Redis, rq_conn: Redis, policy: Policy, queue_name: str, rq_queues: RqQueues
@@ -61,11 +70,18 @@ def make_monitor(
     made: list[Monitor] = []
 
     def make(
-        policy_override: Policy | None = None, monitor_id: str | None = None, **config: object
+        policy_override: Policy | None = None,
+        monitor_id: str | None = None,
+        *,
+        shipped_alarms: bool = False,
+        **config: object,
     ) -> Monitor:
         base = MonitorConfig(rate_window_seconds=10.0, jobs=rq_queues.jobs)
         chosen = replace(base, **config)
-        monitor = Monitor(redis_client, rq_conn, policy_override or policy, queue_name, chosen, monitor_id)
+        chosen_policy = policy_override or policy
+        if not shipped_alarms:
+            chosen_policy = instant_alarms(chosen_policy)
+        monitor = Monitor(redis_client, rq_conn, chosen_policy, queue_name, chosen, monitor_id)
         made.append(monitor)
         return monitor
 

@@ -86,6 +86,28 @@ def test_depth_oscillating_around_a_threshold_does_not_flap(
     assert monitor.tick().level is AlarmLevel.ORANGE
 
 
+def test_with_the_shipped_policy_a_batch_claims_swing_walks_up_holds_and_comes_down_once(
+    make_monitor: MonitorFactory, redis_client: Redis, fake_clock: FakeClock, policy: Policy
+) -> None:
+    """Arrivals refill the queue to 100 and a claim empties it, every half second, for 45 s."""
+    monitor = make_monitor(policy, shipped_alarms=True)
+    for _ in range(90):
+        ids = fill(monitor.queue, 100)
+        monitor.tick()
+        fake_clock.advance(0.25)
+        drain_to(monitor, ids, 0)
+        monitor.tick()
+        fake_clock.advance(0.25)
+    for _ in range(80):  # the surge is over
+        monitor.tick()
+        fake_clock.advance(0.5)
+    events = [(old, new) for old, new, _depth in alarm_events(redis_client, monitor)]
+    ups = [e for e in events if AlarmLevel.parse(e[1]) > AlarmLevel.parse(e[0])]
+    assert events[: len(ups)] == ups, events  # up, hold, then down: no cycling
+    assert sum(new == "red" for _old, new in events) <= 1 and sum(old == "red" for old, _new in events) <= 1
+    assert monitor.tick().level is AlarmLevel.GREEN
+
+
 def test_level_is_published_every_sample_for_admission(
     make_monitor: MonitorFactory, redis_client: Redis, policy: Policy, fake_clock: FakeClock
 ) -> None:

@@ -1,7 +1,9 @@
-"""The alarm state machine alone: raise at once, clear slowly, never flap."""
+"""The alarm state machine alone: raise at once, clear slowly, never flap; with the default window
+and dwell, a depth swinging 0 <-> 100 within half a second walks up, holds, and comes down once."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -9,7 +11,8 @@ from ops.monitor.hysteresis import AlarmTracker, Transition
 from shared.control import level_for_depth
 from shared.policy import AlarmLevel, AlarmPolicy
 
-ALARMS = AlarmPolicy()  # 30 / 50 / 80, margin 5, hold 5 s
+ALARMS = AlarmPolicy(window_seconds=0, min_dwell_seconds=0)  # 30 / 50 / 80, margin 5, hold 5 s, each sample
+SMOOTHED = AlarmPolicy()  # the same, following depth averaged over 10 s, with a 10 s dwell
 GREEN, YELLOW, ORANGE, RED = AlarmLevel.GREEN, AlarmLevel.YELLOW, AlarmLevel.ORANGE, AlarmLevel.RED
 
 
@@ -68,7 +71,10 @@ def test_a_single_sample_above_the_clear_line_restarts_the_hold() -> None:
 
 
 def test_no_margin_clears_once_depth_is_back_at_the_threshold() -> None:
-    tracker = AlarmTracker(AlarmPolicy(yellow=0, orange=1, red=2, clear_margin=0, clear_hold_seconds=0))
+    alarms = AlarmPolicy(
+        yellow=0, orange=1, red=2, clear_margin=0, clear_hold_seconds=0, window_seconds=0, min_dwell_seconds=0
+    )
+    tracker = AlarmTracker(alarms)
     assert pairs(tracker.observe(1, 0.0)) == [(GREEN, YELLOW)]
     assert pairs(tracker.observe(0, 1.0)) == [(YELLOW, GREEN)]
 
@@ -133,3 +139,47 @@ def test_since_is_the_first_sample_while_the_level_holds() -> None:
     assert tracker.level is GREEN and tracker.since == 10.0
     tracker.observe(40, 13.0)
     assert tracker.since == 13.0
+
+
+def swing(low: int, high: int, seconds: float, start: float, step: float = 0.05) -> list[tuple[float, int]]:
+    """A depth trace that a batch claim makes: `high` for a quarter second, then `low`, and so on."""
+    return [
+        (start + i * step, high if (i * step) % 0.5 < 0.25 else low) for i in range(round(seconds / step))
+    ]
+
+
+def monotone(transitions: list[Transition]) -> bool:
+    """Up, hold, down: once a transition goes down, none goes up again."""
+    downs = [not t.raised for t in transitions]
+    return downs == sorted(downs)
+
+
+@pytest.mark.parametrize(("low", "high"), [(0, 100), (60, 140), (0, 200)])
+def test_a_batch_claims_swing_cannot_make_the_level_cycle(low: int, high: int) -> None:
+    tracker = AlarmTracker(SMOOTHED)
+    trace = swing(low, high, 45.0, start=0.0) + [(45.0 + i * 0.05, 0) for i in range(1200)]
+    transitions = [t for at, depth in trace for t in tracker.observe(depth, at)]
+    assert monotone(transitions), pairs(transitions)
+    assert sum(t.level is RED for t in transitions) <= 1
+    assert sum(t.previous is RED for t in transitions) <= 1
+    assert tracker.level is GREEN  # and it came down once the surge was over
+
+
+def test_the_surge_is_seen_at_once_and_a_spike_is_not() -> None:
+    tracker = AlarmTracker(SMOOTHED)
+    assert pairs(tracker.observe(120, 0.0)) == [(GREEN, YELLOW), (YELLOW, ORANGE), (ORANGE, RED)]
+    calm = AlarmTracker(SMOOTHED)
+    for i in range(100):
+        calm.observe(0, i * 0.1)
+    assert calm.observe(120, 10.0) == []  # one sample of a claim's swing in 10 s of calm
+    assert calm.level is GREEN
+
+
+def test_no_step_down_within_the_dwell() -> None:
+    tracker = AlarmTracker(AlarmPolicy(window_seconds=0, min_dwell_seconds=10, clear_hold_seconds=1))
+    tracker.observe(90, 0.0)
+    early = walk(tracker, [0] * 9, start=1.0)
+    assert early == []  # below every clear line since t=1, but red was entered at t=0
+    assert pairs(tracker.observe(0, 10.0)) == [(RED, ORANGE)]
+    assert tracker.observe(90, 11.0) == []  # no step up straight after a step down
+    assert pairs(tracker.observe(90, 20.0)) == [(ORANGE, RED)]

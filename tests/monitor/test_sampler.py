@@ -38,14 +38,24 @@ def test_sampler_reads_depth_rates_and_live_workers(
     ids = fill(ticket_queue, 20, "complaint")
     for ticket_id in ids[:6]:
         ticket_queue.cancel(ticket_id)
+    for claimed in ticket_queue.claim("w1", 4):  # two answered, two ended unstarted (deadline)
+        done = claimed.ticket.id in ids[6:8]
+        ticket_queue.finish(claimed.ticket.id, claimed.token, "done" if done else "expired")
     keys = ticket_queue.keys
     redis_client.hset(keys.worker("alive"), mapping={"gpu": "1", "kv_usage": "0.7"})
     redis_client.hset(keys.worker("dead"), mapping={"gpu": "0", "kv_usage": "0.99"})
     redis_client.zadd(keys.workers, {"alive": fake_clock.at + 30, "dead": fake_clock.at + 1})
     fake_clock.advance(2.0)
     second = sampler.sample()
-    assert second.depth == 14
-    assert second.drain_rate == pytest.approx(3.0)  # 6 cancelled in 2 s
+    assert second.depth == 10
+    assert second.drain_rate == pytest.approx(5.0)  # 6 cancelled, 2 done, 2 expired in 2 s
+    assert second.service_rate == pytest.approx(1.0)  # only the 2 answered
+    assert second.service_peak == pytest.approx(1.0)
+    assert second.arrival_rate_by_type == pytest.approx(
+        {"loan_approval": 0, "complaint": 10.0, "archive_query": 0}
+    )
+    fake_clock.advance(20.0)
+    assert sampler.sample().service_peak == pytest.approx(1.0)  # the rate fell; the peak holds
     assert second.arrival_rate == pytest.approx(10.0)  # 20 admitted in 2 s
     assert [w.worker_id for w in second.workers] == ["alive"]
     assert second.kv_free_min == pytest.approx(0.3)

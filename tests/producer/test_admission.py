@@ -66,18 +66,27 @@ def test_red_rejects_complaints_with_retry_after_and_admits_loans(
     assert counts.get("loan_approval:rejected", 0) == 0
 
 
-def test_orange_refuses_archive_queries_and_admits_the_rest_capped(
-    make_monitor: MonitorFactory, producer: Producer, fake_clock: FakeClock
+def test_orange_admits_archive_queries_while_their_deadline_can_be_met(
+    make_monitor: MonitorFactory, producer: Producer, redis_client: Redis, fake_clock: FakeClock
 ) -> None:
     monitor = make_monitor()
     fill(monitor.queue, 51)
     assert monitor.tick().level is AlarmLevel.ORANGE
     archive = submit(producer, "archive_query")
-    assert archive.outcome == "rejected" and archive.code is ShedCode.QUEUE_ORANGE
-    assert "paused while the queue drains" in archive.reason and archive.retry_after is not None
+    assert archive.outcome == "queued"  # no drain measured yet: nothing says it would be late
     complaint = submit(producer, "complaint", max_tokens=1000)
     loan = submit(producer, "loan_approval", max_tokens=100)
     assert complaint.outcome == "queued" and loan.outcome == "queued"
+    # Draining half a ticket a second, the tickets ahead would hold a new one past its 60 s SLO.
+    redis_client.hset(monitor.keys.monitor_state, mapping={"service_rate": 0.5, "updated_at": fake_clock.at})
+    late = submit(producer, "archive_query")
+    assert late.outcome == "rejected" and late.code is ShedCode.DEADLINE_UNREACHABLE
+    assert late.retry_after is not None and late.retry_after > 1
+
+
+def test_an_archive_policy_that_sheds_at_orange_still_can(policy: Policy) -> None:
+    shedding = policy.types["archive_query"].model_copy(update={"orange_action": "shed"})
+    assert shed_rule(shedding, state(AlarmLevel.ORANGE, depth=60)) is ShedCode.QUEUE_ORANGE
 
 
 def test_yellow_admits_everything_unchanged(
@@ -205,7 +214,7 @@ def test_defer_policy_admits_with_a_deferral(policy: Policy) -> None:
     [
         ("complaint", state(mode=Mode.CRITICAL_ONLY), ShedCode.CRITICAL_ONLY),
         ("complaint", state(AlarmLevel.RED, depth=90), ShedCode.QUEUE_RED),
-        ("archive_query", state(AlarmLevel.ORANGE, depth=60), ShedCode.QUEUE_ORANGE),
+        ("archive_query", state(AlarmLevel.ORANGE, depth=60), None),
         ("archive_query", state(kv_free_min=0.01), ShedCode.KV_CACHE_FULL),
         ("complaint", state(AlarmLevel.ORANGE, depth=60), None),
         ("loan_approval", state(AlarmLevel.RED, depth=90, mode=Mode.CRITICAL_ONLY, kv_free_min=0.0), None),

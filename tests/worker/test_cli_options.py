@@ -46,6 +46,7 @@ SAMPLES: dict[str, Any] = {
     "head_dim": 64,
     "kv_dtype_bytes": 1,
     "max_preemptions": 3,
+    "deadline_service_seconds": 0.5,
     "worker_metrics_port": 9109,
     "worker_id": "node-a",
     "heartbeat_seconds": 0.5,

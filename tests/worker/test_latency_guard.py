@@ -9,6 +9,7 @@ from collections.abc import Callable
 import pytest
 
 from ops.lab.sim.process import SimulatorProcess
+from producer.producer import Producer
 from shared import clock
 from shared.policy import load_policy
 from shared.queue import TicketQueue
@@ -142,6 +143,14 @@ def test_the_default_policy_guards_the_loan_slo() -> None:
     assert not policy.is_critical("no_such_type")
 
 
+def patient_complaints(queue: TicketQueue) -> Producer:
+    """A producer whose complaints have an SLO of ten minutes (so a deadline as far)."""
+    types = dict(queue.policy.types)
+    types["complaint"] = types["complaint"].model_copy(update={"slo_seconds": 600})
+    policy = queue.policy.model_copy(update={"types": types})
+    return Producer(queue.redis, policy, queue.keys.queue, admission_cache_seconds=0)
+
+
 def test_a_degraded_worker_caps_other_work_while_loans_run_slow_and_lifts_it_after(
     simulator: Callable[..., SimulatorProcess],
     start_worker: Callable[..., RunningWorker],
@@ -178,9 +187,10 @@ def test_a_degraded_worker_caps_other_work_while_loans_run_slow_and_lifts_it_aft
         guard = worker.latency_guard
         assert guard is not None
         producer = producer_for(fast_queue)
-        # Loans first (they pop first anyway), then short complaints that queue behind them.
+        # Loans first (they pop first anyway), then short complaints that queue behind them, for
+        # longer than their SLO: submitted with a far one, so no worker ends them unstarted.
         submit_many(producer, 64, type="loan_approval", max_tokens=100)
-        submit_many(producer, 80, max_tokens=30)
+        submit_many(patient_complaints(fast_queue), 80, max_tokens=30)
         # Uncapped, the normal share is 12 of 16 (the headroom keeps 4); the cap must go well below.
         wait_until(lambda: (guard.cap or 16) <= 8, 60, "the guard to cap the normal share", interval=0.1)
 

@@ -91,7 +91,7 @@ def test_an_answer_after_a_takeover_still_warns(
 ) -> None:
     fast_queue.enqueue(request(fast_policy))
     (first,) = fast_queue.claim("slow", 1, lease_seconds=0.05)
-    wait_for(lambda: fast_queue.reap("test", 0.01).requeued == 1, 5, "the reaper to take the lease back")
+    wait_until(lambda: fast_queue.reap("test", 0.01).requeued == 1, 5, "the reaper to take the lease back")
     with caplog.at_level(logging.INFO, logger="worker.result_writer"):
         assert not ResultWriter(fast_queue, "slow").done(
             RunningTicket(first.ticket, first.token, 0), answer("x")

@@ -100,6 +100,7 @@ class TicketView:
     result: str | None = None
     error: str | None = None
     usage: dict[str, Any] | None = None
+    deadline: float | None = None
     started_at: float | None = None
     first_token_at: float | None = None
     finished_at: float | None = None

@@ -27,6 +27,7 @@ from shared.models import TicketStatus
 log = logging.getLogger("tidegate.api")
 
 TICKET_HEADER = "X-Tidegate-Ticket-Id"
+QUEUE_MS_HEADER = "X-Tidegate-Queue-Ms"
 SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 
 Cancel = Callable[[], Awaitable[None]]
@@ -135,6 +136,9 @@ def whole_answer(wait: TicketWait, shape: Shape, cancel: Cancel) -> Callable[[Se
                 ending = event
         assert ending is not None
         headers = {TICKET_HEADER: shape.ticket_id}
+        queue_ms = await wait.queue_ms()
+        if queue_ms is not None:
+            headers[QUEUE_MS_HEADER] = str(queue_ms)
         if ending.status == TicketStatus.DONE and ending.text is None:
             stored = await wait.read_ticket()
             ending = Ending.of_ticket(stored) if stored is not None else ending
@@ -157,10 +161,23 @@ def streamed_answer(
     """The streamed answer: SSE chunks as tokens arrive, then the finish, usage and [DONE]."""
 
     async def answer(send: Send) -> None:
-        headers = [*SSE_HEADERS, (TICKET_HEADER.lower().encode(), shape.ticket_id.encode())]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        started = False
+
+        async def start() -> None:
+            # Sent with the first event, not before: by then the ticket has started (or ended), so
+            # the headers can say how long it was queued.
+            nonlocal started
+            if started:
+                return
+            started = True
+            headers = [*SSE_HEADERS, (TICKET_HEADER.lower().encode(), shape.ticket_id.encode())]
+            queue_ms = await wait.queue_ms()
+            if queue_ms is not None:
+                headers.append((QUEUE_MS_HEADER.lower().encode(), str(queue_ms).encode()))
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
 
         async def emit(payload: bytes) -> None:
+            await start()
             await send({"type": "http.response.body", "body": payload, "more_body": True})
 
         relayed: list[str] = []
@@ -186,6 +203,7 @@ def streamed_answer(
                 break
             elif isinstance(event, Ending):
                 await _finish_stream(call, shape, event, "".join(relayed), emit, cancel)
+        await start()
         await send({"type": "http.response.body", "body": DONE_EVENT, "more_body": False})
 
     return answer

@@ -52,12 +52,13 @@ PASSED_THROUGH = frozenset(
 IGNORED = frozenset({"user", "metadata", "store", "service_tier", "stream_options", "n"})
 """Accepted and not forwarded (n and stream_options are checked on their own)."""
 OWN = frozenset({"model", "messages", "prompt", "max_tokens", "max_completion_tokens", "stream", "tidegate"})
-TIDEGATE_FIELDS = ("type", "urgent_level", "vip_level", "is_bulk")
+TIDEGATE_FIELDS = ("type", "urgent_level", "vip_level", "is_bulk", "deadline_ms")
 HEADERS = {
     "type": "x-tidegate-type",
     "urgent_level": "x-tidegate-urgent-level",
     "vip_level": "x-tidegate-vip-level",
     "is_bulk": "x-tidegate-bulk",
+    "deadline_ms": "x-tidegate-deadline-ms",
 }
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
@@ -190,6 +191,10 @@ def _ticket_type_fields(
             fields[name] = body[name]
         elif HEADERS[name] in headers:
             fields[name] = _header_value(name, headers[HEADERS[name]])
+    if "deadline_ms" in body and HEADERS["deadline_ms"] in headers:  # both deadlines: the smaller wins
+        header = _header_value("deadline_ms", headers[HEADERS["deadline_ms"]])
+        if isinstance(body["deadline_ms"], int) and not isinstance(body["deadline_ms"], bool):
+            fields["deadline_ms"] = min(body["deadline_ms"], header)
     fields.setdefault("type", principal.default_type)
     if fields["type"] is None:
         raise bad_request(
@@ -212,6 +217,13 @@ def _header_value(name: str, raw: str) -> Any:
         if lowered in ("0", "false", "no"):
             return False
         raise bad_request(f"header {HEADERS[name]} must be true or false, got {raw!r}", HEADERS[name])
+    if name == "deadline_ms":
+        if not value.isdigit() or int(value) < 1:
+            raise bad_request(
+                f"header {HEADERS[name]} must be a whole number of milliseconds, at least 1, got {raw!r}",
+                HEADERS[name],
+            )
+        return int(value)
     if not value.isdigit():
         raise bad_request(f"header {HEADERS[name]} must be a whole number 0-5, got {raw!r}", HEADERS[name])
     return int(value)

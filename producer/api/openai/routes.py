@@ -44,7 +44,6 @@ _ERRORS = error_responses(
         429: "shed by admission control (the type's shed_answer is error)",
     }
 )
-SHED_HEADER = "X-Tidegate-Shed"
 
 
 def _body_doc(required: str, examples: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -174,7 +173,7 @@ def _as_bad_request(exc: TicketValidationError, call: Call) -> ApiError:
     field = first.field
     if field == "body":  # a rule over the whole request: the prompt against the context limit
         field = call.endpoint.prompt_field
-    elif field in ("type", "urgent_level", "vip_level", "is_bulk"):
+    elif field in ("type", "urgent_level", "vip_level", "is_bulk", "deadline_ms"):
         field = f"tidegate.{field}"
     code = "context_length_exceeded" if "context limit" in first.message else "invalid_value"
     return api_error(400, f"{field}: {first.message}", code=code, param=field)
@@ -182,7 +181,7 @@ def _as_bad_request(exc: TicketValidationError, call: Call) -> ApiError:
 
 def _shed(context: ApiContext, call: Call, result: SubmitResult, shape: Shape) -> Response:
     shed = shed_for(result, call.ticket_type, context.policy)
-    headers = {**shed.headers, TICKET_HEADER: result.ticket_id, SHED_HEADER: shed.error.code or "shed"}
+    headers = {**shed.headers, TICKET_HEADER: result.ticket_id}
     type_policy = context.policy.type_policy(call.ticket_type)
     if type_policy.shed_answer == "degraded":
         return shed_answer(call, shape, type_policy.shed_text, headers)

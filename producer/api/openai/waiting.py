@@ -95,6 +95,18 @@ class TicketWait:
         raw = await self.client.hgetall(self.keys.ticket(self.ticket_id))  # type: ignore[misc]
         return Ticket.from_redis(raw) if raw else None
 
+    async def queue_ms(self) -> int | None:
+        """Milliseconds the ticket spent queued before a worker started it; None while unstarted."""
+        try:
+            created, started = await self.client.hmget(  # type: ignore[misc]
+                self.keys.ticket(self.ticket_id), ["created_at", "started_at"]
+            )
+        except redis.RedisError:
+            return None
+        if not created or not started:
+            return None
+        return max(round((float(started) - float(created)) * 1000), 0)
+
     async def events(self) -> AsyncIterator[Event]:
         while True:
             entry = await self.reader.next(self.check_seconds)

@@ -15,7 +15,7 @@ in this window's and the previous one's, so it finds the record for at least the
 ]]
 
 local REJECTED_PACKED = {'type', 'branch_id', 'priority', 'max_tokens', 'ttl_seconds', 'prompt_chars',
-  'prompt_digest', 'created_at'}
+  'prompt_digest', 'created_at', 'first_seen_at'}
 local REJECTED_BUCKET_CHARS = 7
 
 local function rejected_slot(ticket_prefix, id)
@@ -23,9 +23,10 @@ local function rejected_slot(ticket_prefix, id)
     string.sub(id, REJECTED_BUCKET_CHARS + 1)
 end
 
--- Write (or overwrite) `id`'s record; ARGV[first..last] are its lean field/value pairs.
-local function record_rejected(ticket_prefix, id, code, retry_after, first, last, seconds)
-  local given = {}
+-- Write (or overwrite) `id`'s record; ARGV[first..last] are its lean field/value pairs, `first_seen`
+-- a retry's first sighting ("" for a first try).
+local function record_rejected(ticket_prefix, id, code, retry_after, first, last, first_seen, seconds)
+  local given = {first_seen_at = first_seen}
   for i = first, last, 2 do given[ARGV[i]] = ARGV[i + 1] end
   if given['created_at'] then given['created_at'] = string.format('%.3f', tonumber(given['created_at'])) end
   local packed = {code, retry_after}
@@ -33,6 +34,18 @@ local function record_rejected(ticket_prefix, id, code, retry_after, first, last
   local bucket, field = rejected_slot(ticket_prefix, id)
   redis.call('HSET', bucket, field, table.concat(packed, '\31'))
   redis.call('EXPIRE', bucket, seconds)
+end
+
+-- When the request behind `id`'s record was first seen (its first try's time), or nil.
+local function rejected_first_sighting(ticket_prefix, id)
+  local bucket, field = rejected_slot(ticket_prefix, id)
+  local packed = redis.call('HGET', bucket, field)
+  if not packed then return nil end
+  local values = {}
+  for value in string.gmatch(packed .. '\31', '([^\31]*)\31') do values[#values + 1] = value end
+  local named = {}
+  for i = 1, #REJECTED_PACKED do named[REJECTED_PACKED[i]] = values[i + 2] end
+  return tonumber(named['first_seen_at'] or '') or tonumber(named['created_at'] or '')
 end
 
 local function forget_rejected(ticket_prefix, id)

@@ -24,7 +24,9 @@ def publish_alarm(redis_client: Redis, keys: QueueKeys, level: str, drain_rate: 
     """What the acting monitor writes every sample: the level, fresh, and its drain rate."""
     now = time.time()
     redis_client.hset(keys.alarm, mapping={"level": level, "since": now, "depth": 0, "updated_at": now})
-    redis_client.hset(keys.monitor_state, mapping={"drain_rate": drain_rate, "updated_at": now})
+    redis_client.hset(
+        keys.monitor_state, mapping={"drain_rate": drain_rate, "service_rate": drain_rate, "updated_at": now}
+    )
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,8 @@ def test_chat_answer_is_a_ticket_shaped_like_a_direct_answer(
     ticket = _ticket(gateway, raw.headers.get("x-tidegate-ticket-id"))
     assert ticket.type == "complaint" and ticket.status is TicketStatus.DONE
     assert answer.choices[0].message.content == ticket.result and ticket.result
+    assert ticket.queue_wait_seconds is not None
+    assert int(raw.headers["x-tidegate-queue-ms"]) == max(round(ticket.queue_wait_seconds * 1000), 0)
     assert answer.usage is not None and answer.usage.completion_tokens == ticket.usage["completion_tokens"]  # type: ignore[index]
     direct = _direct(backend, "/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 12})
     ours = raw.http_response.json()
@@ -97,11 +99,14 @@ def test_chat_stream_with_usage_relays_every_token_then_done(
         stream_options={"include_usage": True},
     ) as raw:
         ticket_id = raw.headers.get("x-tidegate-ticket-id")
+        queue_ms = raw.headers.get("x-tidegate-queue-ms")
         chunks = list(raw.parse())
     texts = [c.choices[0].delta.content or "" for c in chunks if c.choices]
     assert len([t for t in texts if t]) > 1, "the answer came in one piece, not streamed"
     ticket = _ticket(gateway, ticket_id)
     assert "".join(texts) == ticket.result
+    assert ticket.queue_wait_seconds is not None and queue_ms is not None
+    assert int(queue_ms) == max(round(ticket.queue_wait_seconds * 1000), 0)  # sent once it started
     assert chunks[0].choices[0].delta.role == "assistant"
     finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     assert finishes == [ticket.usage["finish_reason"]]  # type: ignore[index]

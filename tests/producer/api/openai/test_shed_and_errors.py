@@ -13,6 +13,7 @@ import requests
 from redis import Redis
 
 from shared.keys import QueueKeys
+from shared.models import TicketRequest
 from tests.producer.api.conftest import publish_alarm
 from tests.producer.api.openai.conftest import Gateway
 
@@ -127,6 +128,12 @@ def test_unknown_model_is_404_naming_the_field(gateway: Gateway) -> None:
             "max_tokens",
             None,
         ),
+        (
+            "/chat/completions",
+            {"model": "tidegate", "messages": MESSAGES, "tidegate": {"deadline_ms": 0}},
+            "tidegate.deadline_ms",
+            None,
+        ),
     ],
 )
 def test_bad_input_is_400_in_openai_format_naming_the_field(
@@ -160,3 +167,33 @@ def test_an_operator_key_cannot_call_without_a_branch(gateway: Gateway) -> None:
         client.chat.completions.create(
             model="tidegate", messages=MESSAGES, extra_body={"tidegate": {"type": "complaint"}}
         )
+
+
+def test_a_bad_deadline_header_is_400_naming_it(gateway: Gateway) -> None:
+    response = requests.post(
+        gateway.v1 + "/chat/completions",
+        json={"model": "tidegate", "messages": MESSAGES},
+        headers={"Authorization": f"Bearer {gateway.key()}", "X-Tidegate-Deadline-Ms": "soon"},
+        timeout=10,
+    )
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "x-tidegate-deadline-ms"
+
+
+def test_a_call_that_cannot_start_in_time_gets_the_degraded_answer(
+    gateway: Gateway, redis_client: Redis
+) -> None:
+    keys = QueueKeys(gateway.settings.queue_name)
+    gateway.queue.enqueue_many(
+        [TicketRequest(type="complaint", branch_id="b9", prompt="x") for _ in range(30)]
+    )
+    publish_alarm(redis_client, keys, "green", drain_rate=1.0)  # 30 ahead at 1/s: past the 10 s SLO
+    client = gateway.client(gateway.key(default_type="complaint"))
+    raw = client.chat.completions.with_raw_response.create(
+        model="tidegate", messages=MESSAGES, max_tokens=8, extra_body={"tidegate": {"deadline_ms": 5000}}
+    )
+    assert raw.status_code == 200 and raw.parse().choices[0].finish_reason == "load_shedding_fallback"
+    assert raw.headers["x-tidegate-shed"] == "deadline_unreachable"
+    assert int(raw.headers["retry-after"]) >= 20  # the 30 s wait past the 5 s the caller allowed
+    ticket = gateway.queue.get(raw.headers["x-tidegate-ticket-id"])
+    assert ticket is not None and ticket.status.value == "rejected"

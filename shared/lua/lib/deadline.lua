@@ -1,0 +1,73 @@
+--[[
+The deadline rule of enqueue.lua, apart from its cap and fair-share rules: a ticket that cannot
+start before its deadline is refused at once (code deadline_unreachable) instead of waiting to be
+answered when nobody needs the answer. They take keys as arguments; they build no keys.
+
+The wait is estimated as (queued tickets whose score is at most this one's, so of equal or better
+priority after aging and turns) ÷ (tickets per second workers can run to the end, the monitor's
+service rate, less the arrivals of better types, which will start ahead of it). Tickets that
+expire unstarted leave fast without GPU time, so a drain rate would flatter the estimate.
+Counting by score is exact and O(log n) on the pending set, with no running sums to keep right in
+every script that moves a ticket. With no fresh measurement (no monitor, or none drained yet) a
+ticket is admitted: the rule refuses only on evidence.
+]]
+
+-- As shared/control.py STALE_AFTER_SECONDS: an older monitor figure is not trusted.
+local DRAIN_STALE_SECONDS = 5
+-- As producer/admission.py RETRY_AFTER_MAX: the longest Retry-After given.
+local MAX_RETRY_AFTER = 60
+
+-- The value of field `name` among the ARGV field pairs from `first` to `last`, or nil.
+local function pair_value(first, last, name)
+  for i = first, last - 1, 2 do
+    if ARGV[i] == name then return ARGV[i + 1] end
+  end
+  return nil
+end
+
+-- The first sighting of a request whose earlier try was shed (its record `old_key`), read before
+-- the record is replaced: the new try's deadline still counts from it.
+local function first_sighting(old_key)
+  local seen = redis.call('HMGET', old_key, 'first_seen_at', 'created_at')
+  return tonumber(seen[1] or '') or tonumber(seen[2] or '')
+end
+
+-- The deadline of a ticket (fields from ARGV[first..last]) first seen at `first_seen`: the type's
+-- SLO from then, or the deadline the fields carry when sooner. Returns the deadline, or nil when the
+-- ticket carries none.
+local function carried_deadline(first, last, first_seen)
+  local deadline = tonumber(pair_value(first, last, 'deadline') or '')
+  local slo = tonumber(pair_value(first, last, 'slo_seconds') or '')
+  if deadline and slo and first_seen then
+    deadline = math.min(deadline, first_seen + slo)
+  end
+  return deadline
+end
+
+-- Seconds until a ticket scored `score` would start, or nil when no fresh service rate is known.
+-- The rate is what the workers can do (the monitor's recent peak, the current rate when higher)
+-- less the arrivals of the types served ahead of this one (`ahead_types`, comma-separated), which
+-- will keep starting before it; none left: it would not start while they keep coming (huge).
+local function start_estimate(pending_key, monitor_key, score, now, ahead_types)
+  local fields = {'service_rate', 'service_peak', 'updated_at'}
+  for name in string.gmatch(ahead_types or '', '[^,]+') do fields[#fields + 1] = 'arrival_rate:' .. name end
+  local m = redis.call('HMGET', monitor_key, unpack(fields))
+  local rate, at = tonumber(m[1] or ''), tonumber(m[3] or '')
+  if not rate or not at or now - at > DRAIN_STALE_SECONDS then return nil end
+  rate = math.max(rate, tonumber(m[2] or '') or 0)
+  if rate <= 0 then return nil end
+  local ahead = redis.call('ZCOUNT', pending_key, '-inf', score)
+  if ahead == 0 then return 0 end
+  for i = 4, #m do rate = rate - (tonumber(m[i] or '') or 0) end
+  if rate <= 0 then return 1e9 end
+  return ahead / rate
+end
+
+-- The deadline rule: nil to admit, else the seconds after which a request like this one could
+-- start within the same time to spare (its Retry-After). Exempt tickets (`admit_late`) pass.
+local function deadline_refusal(pending_key, monitor_key, score, now, deadline, admit_late, ahead_types)
+  if admit_late or not deadline then return nil end
+  local wait = start_estimate(pending_key, monitor_key, score, now, ahead_types)
+  if not wait or now + wait <= deadline then return nil end
+  return math.min(math.max(1, wait - math.max(deadline - now, 0)), MAX_RETRY_AFTER)
+end
