@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 
 from redis import Redis
 
+from shared import clock
 from shared.breaker_store import BreakerStore, BreakerView, refusing
 from shared.control import ControlState, Mode, read_control_state
 from shared.keys import QueueKeys
@@ -124,6 +125,8 @@ class AdmissionController:
         self._cached: tuple[float, ControlState] | None = None
         self.breakers = BreakerStore(redis, keys, policy.breaker)
         self._circuit: tuple[float, BreakerView | None] | None = None
+        self._capped: dict[tuple[str, str], float] = {}
+        """(type, branch) → when the enqueue script last refused that branch at the type's cap."""
 
     def state(self) -> ControlState:
         # The read happens outside the lock: on a stalled Redis a lock held across it would queue
@@ -142,6 +145,19 @@ class AdmissionController:
         with self._lock:
             self._cached = None
             self._circuit = None
+            self._capped.clear()
+
+    def saw_cap(self, ticket_type: str, branch_id: str) -> None:
+        """The enqueue script refused a ticket this controller had admitted, at its type's cap: for
+        `cache_seconds` the branch's tickets of that type are refused here the same way (the cap as
+        last seen), as the alarm level is refused from its cached reading."""
+        with self._lock:
+            self._capped[(ticket_type, branch_id)] = clock.monotonic()
+
+    def _cap_seen(self, request: TicketRequest) -> bool:
+        with self._lock:
+            seen = self._capped.get((request.type, request.branch_id))
+        return seen is not None and clock.monotonic() - seen < self.cache_seconds
 
     def open_circuit(self) -> BreakerView | None:
         """The open breaker that refuses new tickets (every primary endpoint open), cached."""
@@ -170,14 +186,36 @@ class AdmissionController:
             return None
         return self._verdict(request, circuit[1], state[1])
 
+    def refusing_cached(self) -> bool:
+        """Whether the cached state, while fresh, refuses some ticket type by `shed_rule` (or every
+        type, the circuit being open): cheap enough to ask for every request, so the API tries its
+        shed shortcut only while shedding."""
+        now = time.monotonic()
+        with self._lock:
+            state, circuit = self._cached, self._circuit
+        if state is None or circuit is None:
+            return False
+        if now - state[0] >= self.cache_seconds or now - circuit[0] >= self.cache_seconds:
+            return False
+        if circuit[1] is not None:
+            return True
+        with self._lock:
+            capped = list(self._capped.values())
+        if any(clock.monotonic() - seen < self.cache_seconds for seen in capped):
+            return True
+        return any(shed_rule(t, state[1]) is not None for t in self.policy.types.values())
+
     def _verdict(self, request: TicketRequest, circuit: BreakerView | None, state: ControlState) -> Decision:
         if circuit is not None:  # the endpoint is down for every type: critical ones too
             return Decision(
                 state.level, state.mode, circuit.state.retry_after(circuit.now), ShedCode.CIRCUIT_OPEN
             )
-        return decide(
+        decision = decide(
             self.policy.type_policy(request.type),
             state,
             fallback_configured=self.fallback_configured,
             rng=self.rng,
         )
+        if decision.admitted and self._cap_seen(request):
+            return replace(decision, code=ShedCode.TYPE_CAP, options=EnqueueOptions())
+        return decision

@@ -109,6 +109,8 @@ class Producer:
         validated = [self.check(r) if isinstance(r, TicketRequest) else self.validate(r) for r in requests]
         decisions = [self.admission.decide(r) for r in validated]
         enqueued = self.queue.enqueue_many(validated, [d.enqueue_options for d in decisions])
+        for request, result, decision in zip(validated, enqueued, decisions, strict=True):
+            self._note_cap(request, result, decision)
         return [_submit_result(e, d) for e, d in zip(enqueued, decisions, strict=True)]
 
     async def submit_async(self, request: TicketRequest) -> SubmitResult:
@@ -124,7 +126,14 @@ class Producer:
             enqueued = await asyncio.to_thread(self.queue.enqueue, validated, options)
         else:
             enqueued = await self.queue.enqueue_async(self.async_redis, validated, options)
+        self._note_cap(validated, enqueued, decision)
         return _submit_result(enqueued, decision)
+
+    def _note_cap(self, request: TicketRequest, enqueued: EnqueueResult, decision: Decision) -> None:
+        """Tell admission when the script refused, at the type's cap, a ticket admission had let
+        through (never one admission refused itself, or the cap as last seen would renew itself)."""
+        if decision.admitted and enqueued.code is ShedCode.TYPE_CAP:
+            self.admission.saw_cap(request.type, request.branch_id)
 
     def get(self, ticket_id: str) -> Ticket | None:
         return self.queue.get(ticket_id)

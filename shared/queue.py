@@ -16,9 +16,10 @@ from redis.asyncio import Redis as AsyncRedis
 
 from shared import backoff, clock, tracing
 from shared.keys import WAKE_LIST_CAP, QueueKeys
-from shared.models import Ticket, TicketRequest
+from shared.models import Ticket, TicketRequest, TicketStatus
 from shared.policy import Policy
 from shared.redis_conn import blocking_client
+from shared.rejected import read_rejected
 from shared.replica_acks import run_acked
 from shared.scripts import Scripts
 from shared.shed import ShedCode
@@ -183,7 +184,14 @@ class TicketQueue:
         return {"db.system": "redis", "tidegate.queue": self.keys.queue, "tidegate.tickets": len(requests)}
 
     def cancel(self, ticket_id: str, reason: str = "cancelled by its branch") -> str:
-        """Cancel; returns the status before ("queued"/"running" → now cancelled) or "missing"."""
+        """Cancel; returns the status before ("queued"/"running" → now cancelled) or "missing".
+        A shed ticket has ended already: "rejected", and nothing changes."""
+        previous = self._cancel_call(ticket_id, reason)
+        if previous == "missing" and self._rejected([ticket_id])[0] is not None:
+            return TicketStatus.REJECTED.value
+        return previous
+
+    def _cancel_call(self, ticket_id: str, reason: str) -> str:
         types = self.policy.type_names
         return str(
             self.scripts.cancel(
@@ -507,8 +515,17 @@ class TicketQueue:
 
     def get(self, ticket_id: str) -> Ticket | None:
         """The ticket as it truly stands: one still queued past its deadline is ended `expired` by
-        this read (atomically, as the reaper would), so no reader is told a dead ticket is alive."""
-        return self._from_flat(self._read_call(ticket_id, self.redis))
+        this read (atomically, as the reaper would), so no reader is told a dead ticket is alive.
+        A shed one is read from its bucket (shared/rejected.py)."""
+        ticket = self._from_flat(self._read_call(ticket_id, self.redis))
+        return ticket if ticket is not None else self._rejected([ticket_id])[0]
+
+    def _rejected(self, ticket_ids: Sequence[str]) -> list[Ticket | None]:
+        """Each id's rejected record from its bucket, None where it has none."""
+        raws = on_slot_server(
+            self.redis, self.keys.pending, lambda server: read_rejected(server, self.keys, ticket_ids)
+        )
+        return [self._from_redis(raw) if raw is not None else None for raw in raws]
 
     def get_many(self, ticket_ids: Sequence[str]) -> list[Ticket | None]:
         def send(server: Redis) -> list[Any]:
@@ -517,7 +534,11 @@ class TicketQueue:
                 self._read_call(ticket_id, pipe)
             return pipe.execute()
 
-        return [self._from_flat(flat) for flat in on_slot_server(self.redis, self.keys.pending, send)]
+        tickets = [self._from_flat(flat) for flat in on_slot_server(self.redis, self.keys.pending, send)]
+        missing = [i for i, ticket in enumerate(tickets) if ticket is None]
+        for i, ticket in zip(missing, self._rejected([ticket_ids[i] for i in missing]), strict=True):
+            tickets[i] = ticket
+        return tickets
 
     def _from_redis(self, raw: dict[str, str]) -> Ticket:
         ticket = Ticket.from_redis(raw)

@@ -223,7 +223,10 @@ class Submission:
     def _draft(self, request: TicketRequest, options: EnqueueOptions, now: float) -> _Draft:
         ticket = self.build_ticket(request, now=now, route=options.route)
         shed = options.shed
-        pairs = [(name, stored_value(name, getattr(ticket, name))) for name in COLUMNS]
+        # A ticket admission shed is recorded rejected whatever else the script finds, from its
+        # lean fields alone: its prompt and the rest are not worth sending.
+        columns = LEAN_FIELDS if shed else COLUMNS
+        pairs = [(name, stored_value(name, getattr(ticket, name))) for name in columns]
         assert ticket.deadline is not None  # build_ticket gives every ticket one
         pairs[len(LEAN_FIELDS) : len(LEAN_FIELDS)] = deadline_rule_fields(
             self.policy, ticket.type, ticket.deadline

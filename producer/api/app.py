@@ -20,13 +20,14 @@ from producer.api.body_size import BodySizeLimit
 from producer.api.context import ApiContext
 from producer.api.docs import install_docs
 from producer.api.errors import install_error_handlers
-from producer.api.http_metrics import instrument
+from producer.api.http_metrics import instrument, time_answers
 from producer.api.keys import ApiKeyStore
 from producer.api.metrics_access import MetricsPort
 from producer.api.openai import routes as openai_routes
 from producer.api.openai.hub import READ_TIMEOUT_SECONDS as HUB_READ_TIMEOUT_SECONDS
 from producer.api.openai.hub import LiveHub
 from producer.api.openai.models import ModelCatalog
+from producer.api.shed_shortcut import ShedShortcut, ShedShortcutMiddleware
 from producer.api.tracing_middleware import TracingMiddleware
 from producer.api.ui import routes as routes_ui
 from producer.producer import Producer
@@ -55,8 +56,10 @@ def create_app(
     *,
     auth_cache_seconds: float = 1.0,
     admission_cache_seconds: float = 0.25,
+    shed_shortcut: bool = True,
 ) -> FastAPI:
-    """The API for `settings` (default: the environment, TIDEGATE_*)."""
+    """The API for `settings` (default: the environment, TIDEGATE_*). `shed_shortcut=False` leaves
+    every submission to the route (tests compare the two answers)."""
     settings = settings or Settings()
     redis = connect_from(settings)
     # The accept path's own asyncio client, with the ordinary read timeout (the hub's outlasts
@@ -119,10 +122,14 @@ def create_app(
     app.include_router(openai_routes.router)
     app.include_router(routes_ui.router)
     app.mount("/ui/static", routes_ui.static_files, name="ui-static")
+    if shed_shortcut:
+        app.state.shed_shortcut = ShedShortcut(context)
+        app.add_middleware(ShedShortcutMiddleware, shortcut=app.state.shed_shortcut)
     app.add_middleware(BodySizeLimit, max_bytes=settings.api_max_body_bytes)
     instrument(app, context.registry)
     if tracing.enabled() or tracing.configure_tracing("tidegate-api"):
         app.add_middleware(TracingMiddleware)
+    time_answers(app, context.registry)
     _document_policy(app, settings.policy)
     return app
 

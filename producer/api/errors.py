@@ -203,12 +203,27 @@ async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
     return error_response(500, error)
 
 
+_HANDLERS: dict[type[Exception], Callable[[Request, Exception], Awaitable[JSONResponse]]] = {
+    RequestValidationError: _on_request_validation,
+    ApiError: _on_api_error,
+    StarletteHTTPException: _on_http_exception,
+    redis.ConnectionError: _on_redis_down,
+    redis.TimeoutError: _on_redis_down,
+    redis.exceptions.OutOfMemoryError: _on_redis_full,
+    ReplicaAcksMissing: _on_acks_missing,
+    Exception: _on_unexpected,
+}
+
+
 def install_error_handlers(app: FastAPI) -> None:
-    app.add_exception_handler(RequestValidationError, _on_request_validation)
-    app.add_exception_handler(ApiError, _on_api_error)
-    app.add_exception_handler(StarletteHTTPException, _on_http_exception)
-    app.add_exception_handler(redis.ConnectionError, _on_redis_down)
-    app.add_exception_handler(redis.TimeoutError, _on_redis_down)
-    app.add_exception_handler(redis.exceptions.OutOfMemoryError, _on_redis_full)
-    app.add_exception_handler(ReplicaAcksMissing, _on_acks_missing)
-    app.add_exception_handler(Exception, _on_unexpected)
+    for kind, handler in _HANDLERS.items():
+        app.add_exception_handler(kind, handler)
+
+
+async def error_answer(request: Request, exc: Exception) -> JSONResponse:
+    """The answer the app's handlers give `exc`, for code that runs outside them (a middleware)."""
+    for kind in type(exc).__mro__:
+        handler = _HANDLERS.get(kind)
+        if handler is not None:
+            return await handler(request, exc)
+    raise exc  # a BaseException that is no Exception: not ours to answer

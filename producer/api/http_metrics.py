@@ -13,6 +13,7 @@ from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 from prometheus_fastapi_instrumentator import Instrumentator, metrics
 
+from producer.api.answer_timing import AnswerTiming, answer_histogram
 from shared.metrics import LATENCY_BUCKETS
 
 NAMESPACE = "tidegate"
@@ -21,13 +22,25 @@ NOT_MEASURED = ["/metrics"]
 """Scrapes are Prometheus's own traffic, not the branches'."""
 
 
+def observed_registry(registry: CollectorRegistry) -> CollectorRegistry:
+    """Where this process's observations go: `registry` itself, or with PROMETHEUS_MULTIPROC_DIR
+    set a throwaway one (the values live in the shared files, which `registry` reads)."""
+    return CollectorRegistry() if os.environ.get("PROMETHEUS_MULTIPROC_DIR") else registry
+
+
+def time_answers(app: FastAPI, registry: CollectorRegistry) -> None:
+    """Time every answer by status class (producer/api/answer_timing.py); add it last, so it is the
+    outermost layer and the other layers' work is inside the figure."""
+    app.add_middleware(AnswerTiming, histogram=answer_histogram(observed_registry(registry)))
+
+
 def instrument(app: FastAPI, registry: CollectorRegistry) -> None:
     """Count and time every request of `app` into `registry` (the one its /metrics serves).
 
     With PROMETHEUS_MULTIPROC_DIR set, the values live in the shared files and `registry` reads them
     through its multiprocess collector; registering them there as well would export them twice.
     """
-    target = CollectorRegistry() if os.environ.get("PROMETHEUS_MULTIPROC_DIR") else registry
+    target = observed_registry(registry)
     instrumentator = Instrumentator(
         should_group_status_codes=False,
         should_ignore_untemplated=False,

@@ -66,7 +66,7 @@ DeadlineMs = Annotated[
 TicketId = Annotated[str, Path(pattern=TICKET_ID_PATTERN, description="id returned at submission")]
 
 
-class _Invalid(Exception):
+class Invalid(Exception):
     """Bad fields found after FastAPI's own checks (the operator's branch, the policy's rules)."""
 
     def __init__(self, issues: list[ValidationIssue]) -> None:
@@ -86,7 +86,7 @@ def _branch_for(principal: Principal, given: str | None, loc: list[str | int]) -
             )
         return principal.branch_id
     if given is None:
-        raise _Invalid(
+        raise Invalid(
             [
                 ValidationIssue(
                     loc=[*loc, "branch_id"],
@@ -116,7 +116,7 @@ def _request(
     try:
         return context.producer.check(body.model_copy(update=update))
     except TicketValidationError as exc:
-        raise _Invalid(issues_from_fields(exc.errors, loc)) from None
+        raise Invalid(issues_from_fields(exc.errors, loc)) from None
 
 
 def _shed(context: ApiContext, result: SubmitResult, ticket_type: str) -> Shed:
@@ -166,22 +166,41 @@ async def submit_ticket(
     deadline_ms: DeadlineMs = None,  # type: ignore[assignment]
 ) -> JSONResponse:
     """202 with the ticket's id, status, priority and expiry; 429 with Retry-After when shed."""
+    try:
+        request = submission_request(context, principal, body, idempotency_key, deadline_ms)
+    except Invalid as exc:
+        raise RequestValidationError([issue.model_dump() for issue in exc.issues]) from None
+    return await answer_submission(context, request)
+
+
+def submission_request(
+    context: ApiContext,
+    principal: Principal,
+    body: TicketBody,
+    idempotency_key: str | None,
+    deadline_ms: int | None = None,
+) -> TicketRequest:
+    """The request a POSTed body makes for this caller, checked against the policy; ApiError (403,
+    409) or Invalid (422) otherwise. The shed shortcut (producer/api/shed_shortcut.py) builds its
+    request here too, so both paths submit the same ticket."""
+    branch = _branch_for(principal, body.branch_id, ["body"])
+    if idempotency_key is not None and body.idempotency_key not in (None, idempotency_key):
+        raise api_error(
+            409,
+            f"Idempotency-Key header {idempotency_key!r} differs from the body's idempotency_key "
+            f"{body.idempotency_key!r}; send one of them, or the same value in both",
+            code="idempotency_key_conflict",
+            param="Idempotency-Key",
+        )
+    return _request(context, body, branch, ["body"], idempotency_key, deadline_ms)
+
+
+async def answer_submission(context: ApiContext, request: TicketRequest) -> JSONResponse:
+    """Submit and answer: 202 (or a replay of an earlier ticket), ApiError 429 when shed. The route
+    and the shed shortcut both answer here."""
     # On the event loop, with the ticket sent on the asyncio client (Producer.submit_async): the
     # hottest route pays no threadpool hop. A ready JSONResponse (the model is documented via
     # response_model) spares FastAPI validating the returned model again.
-    try:
-        branch = _branch_for(principal, body.branch_id, ["body"])
-        if idempotency_key is not None and body.idempotency_key not in (None, idempotency_key):
-            raise api_error(
-                409,
-                f"Idempotency-Key header {idempotency_key!r} differs from the body's idempotency_key "
-                f"{body.idempotency_key!r}; send one of them, or the same value in both",
-                code="idempotency_key_conflict",
-                param="Idempotency-Key",
-            )
-        request = _request(context, body, branch, ["body"], idempotency_key, deadline_ms)
-    except _Invalid as exc:
-        raise RequestValidationError([issue.model_dump() for issue in exc.issues]) from None
     result = await context.producer.submit_async(request)
     log_submitted(result, request)
     if result.outcome == "rejected":
@@ -240,10 +259,10 @@ def submit_batch(
             try:
                 parsed = TicketBody.model_validate(raw)
             except ValidationError as exc:
-                raise _Invalid(issues_from_pydantic(exc.errors(include_url=False), loc)) from None
+                raise Invalid(issues_from_pydantic(exc.errors(include_url=False), loc)) from None
             branch = _branch_for(principal, parsed.branch_id, loc)
             valid.append((index, _request(context, parsed, branch, loc)))
-        except _Invalid as exc:
+        except Invalid as exc:
             items[index] = BatchItemResult(
                 index=index, status_code=422, outcome="invalid", error=validation_error(exc.issues)
             )

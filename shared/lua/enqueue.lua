@@ -2,9 +2,9 @@
 Submit a batch of tickets in one step: each is either queued (ticket hash, priority entry, TTL
 index, per-type index) or recorded `rejected` — because admission shed it (its shed code), its
 type's queue cap is full, or its branch holds its fair share of the cap while other branches wait.
-The rejected record is lean (no prompt, no words: readers look them up from the code, and short
-values keep the hash in Redis's compact encoding) and has its own retention; a retry under the same
-idempotency key reuses the record an earlier shed try left instead of writing another.
+The rejected record is lean (no prompt, no words: readers look them up from the code) and shares a
+bucket hash with the records of its time (lib/rejected.lua), living its own retention; a retry under
+the same idempotency key reuses the record an earlier shed try left instead of writing another.
 
 The batch is checked before anything is written: a ticket with a bad value fails the whole call
 with an error naming the ticket (its place from 1 and its id) and the field, and nothing of the
@@ -17,8 +17,11 @@ KEYS[3] counts hash             {q}:counts   ("<type>:submitted", ":rejected", "
 KEYS[4] wake list               {q}:wake
 KEYS[5] delayed zset            {q}:delayed
 KEYS[6] ticket hash prefix      {q}:t:      (ids are the caller's; the prefix carries the queue's
-                                             hash tag, so every key stays on one slot)
-KEYS[7] idempotency prefix      {q}:idem:   (+ "<branch>:<key>")
+                                             hash tag, so every key stays on one slot; + "~" and
+                                             an id's first 7 characters: a bucket of rejected
+                                             records)
+KEYS[7] idempotency prefix      {q}:idem:   (+ "<branch>:<key>"; + "~<window>": the index of
+                                             rejected submissions' keys)
 KEYS[8] shed counts of the minute {q}:sheds:<minute>  ("<type>:<code>" → count; lives ARGV[3])
 KEYS[9..8+n] waiting zset of each type, in the order of the type names below
 KEYS[9+n..8+2n] branch depth hash of each type, same order
@@ -57,6 +60,7 @@ Returns one flat list, four values per ticket in batch order: "queued", id, "", 
 deadline_unreachable: the Retry-After seconds of the estimate, the words being left to the caller).
 ]]
 -- @include tickets
+-- @include rejected
 -- @include deadline
 -- @include fairness
 
@@ -134,6 +138,14 @@ for i = 1, #starts do
         first_seen = math.min(first_seen, first_sighting(ticket_key) or first_seen)
         redis.call('DEL', ticket_key)
       end
+    else
+      local shed_before = find_rejected_key(KEYS[7], KEYS[6], created, ARGV[3], branch .. ':' .. idem)
+      if shed_before then  -- an earlier try was shed: take over its id (its record is rewritten)
+        id = shed_before
+        ticket_key = KEYS[6] .. id
+        first_seen = math.min(first_seen, rejected_first_sighting(KEYS[6], id) or first_seen)
+        forget_rejected(KEYS[6], id)
+      end
     end
   end
   if not done then
@@ -155,13 +167,10 @@ for i = 1, #starts do
       end
     end
     if code ~= '' then
-      redis.call('HSET', ticket_key, 'id', id, 'status', 'rejected', 'shed_code', code,
-        'retry_after', retry_after, unpack(ARGV, fields_at, lean_end))
-      if first_seen < tonumber(created) then  -- lean: only a retry's record needs its first sighting
-        redis.call('HSET', ticket_key, 'first_seen_at', string.format('%.17g', first_seen))
-      end
-      redis.call('EXPIRE', ticket_key, ARGV[3])
-      if idem_key then redis.call('SET', idem_key, id, 'EX', ARGV[3]) end
+      -- lean: only a retry's record needs its first sighting
+      local seen = first_seen < tonumber(created) and string.format('%.17g', first_seen) or ''
+      record_rejected(KEYS[6], id, code, retry_after, fields_at, lean_end, seen, ARGV[3])
+      if idem_key then remember_rejected_key(KEYS[7], created, ARGV[3], branch .. ':' .. idem, id) end
       bump(rejected, ticket_type)
       bump(shed, ticket_type .. ':' .. code)
       emit('rejected', id, code, words)

@@ -59,6 +59,7 @@ def test_api_metrics_pass_promtool(api: Api, branch_key: str, busy_queue: Produc
     assert {
         "tidegate_http_requests",
         "tidegate_http_request_duration_seconds",
+        "tidegate_http_answer_seconds",
         "tidegate_build_info",
     } <= families(body)
     assert 'handler="/v1/tickets/{ticket_id}",method="GET",status="404"' in body

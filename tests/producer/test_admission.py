@@ -230,3 +230,28 @@ def test_each_rule_names_its_code_and_the_decision_carries_it(
     assert (
         decision.enqueue_options.shed is code and decision.enqueue_options.retry_after == decision.retry_after
     )
+
+
+def test_a_cap_the_script_hit_is_refused_from_memory_until_the_cache_lapses(
+    redis_client: Redis, policy: Policy, queue_name: str, fake_clock: FakeClock
+) -> None:
+    complaints = policy.types["complaint"].model_copy(update={"cap": 2})
+    small = policy.model_copy(update={"types": {**policy.types, "complaint": complaints}})
+    producer = Producer(redis_client, small, queue_name, admission_cache_seconds=1.0)
+    queued = [submit(producer, "complaint") for _ in range(2)]
+    refused = submit(producer, "complaint")  # the script's cap
+    assert refused.code is ShedCode.TYPE_CAP and producer.admission.refusing_cached()
+    for ticket in queued:  # room again, but admission does not ask for a second
+        producer.cancel(ticket.ticket_id)
+    fake_clock.advance(0.5)
+    remembered = submit(producer, "complaint")
+    assert remembered.code is ShedCode.TYPE_CAP and remembered.reason == refused.reason
+    other_branch = producer.submit({"type": "complaint", "branch_id": "b0999", "prompt": "hello"})
+    assert other_branch.outcome == "queued"  # the memory is the refused branch's alone
+    fake_clock.advance(0.6)  # a second after the script's refusal; the remembered one renewed nothing
+    assert submit(producer, "complaint").outcome == "queued"
+    counts = producer.queue.stats()
+    assert (
+        counts.outcome_count("complaint", "rejected") == 2
+        and counts.outcome_count("complaint", "submitted") == 6
+    )

@@ -10,7 +10,8 @@ HTTP path's speed, not the shedding). Then, in the same run and on the same Redi
 - 429 time: the red alarm is published (refreshed as the monitor would) and complaints are POSTed,
   first by one client alone (the answer's own time), then by all threads at once (time under load),
   then by `storm_clients` clients retrying soon after every 429 (ops/lab/bench/api_storm.py);
-  each shed answer's round trip is timed on the client;
+  each shed answer's round trip is timed on the client, and inside the server by the API's own
+  answer-time histogram (its 429 class, scraped from /metrics before and after each phase);
 - the books: every 202 is a queued ticket and every 429 a rejected one in the queue's counts.
 Medians over runs are printed; every run's figures are kept in the JSON output.
 """
@@ -18,6 +19,7 @@ Medians over runs are printed; every run's figures are kept in the JSON output.
 from __future__ import annotations
 
 import http.client
+import itertools
 import json
 import os
 import re
@@ -38,6 +40,8 @@ import typer
 from redis import Redis
 
 from ops.lab.bench.api_storm import StormAnswers, storm
+from ops.lab.bench.cpu import machine_cpu_seconds, process_cpu_seconds
+from ops.lab.bench.server_time import answer_buckets, quantile_ms
 from ops.lab.procs.ports import free_port, http_ok
 from producer.api.keys import ApiKeyStore, Role
 from producer.producer import Producer
@@ -80,6 +84,13 @@ class RunFigures:
     storm_p99_ms: float
     storm_other_answers: int
     books_balanced: bool
+    server_shed_alone_p99_ms: float
+    server_shed_p99_ms: float
+    server_storm_p99_ms: float
+    generator_cores: float
+    """CPU of this process (the load generator) over the whole run, in cores."""
+    machine_busy_cores: float
+    """Every process on the machine over the run, in cores: ours, the API's and anyone else's."""
 
 
 @contextmanager
@@ -177,12 +188,17 @@ def _percentile_ms(values: list[float], q: int) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1] * 1000
 
 
+def _keep_red_once(redis: Redis, keys: QueueKeys) -> None:
+    """Publish the red alarm once, as a live monitor would."""
+    now = time.time()
+    redis.hset(keys.alarm, mapping={"level": "red", "since": now, "depth": 0, "updated_at": now})
+    redis.hset(keys.monitor_state, mapping={"drain_rate": 100.0, "updated_at": now})
+
+
 def _keep_red(redis: Redis, keys: QueueKeys, stop: threading.Event) -> None:
     """Publish the red alarm as a live monitor would: refreshed well inside its 5 s freshness window."""
     while not stop.is_set():
-        now = time.time()
-        redis.hset(keys.alarm, mapping={"level": "red", "since": now, "depth": 0, "updated_at": now})
-        redis.hset(keys.monitor_state, mapping={"drain_rate": 100.0, "updated_at": now})
+        _keep_red_once(redis, keys)
         stop.wait(1.0)
 
 
@@ -212,12 +228,16 @@ def one_run(
     with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as policy_file:
         policy_file.write(roomy_policy_text())
     policy = parse_policy(roomy_policy_text(), policy_file.name)
+    metrics_dir = tempfile.TemporaryDirectory(prefix="tidegate-bench-metrics-")
+    cpu_at, machine_at, wall_at = process_cpu_seconds(os.getpid()), machine_cpu_seconds(), time.monotonic()
     try:
         token, _ = ApiKeyStore(redis, keys).create(Role.BRANCH, "0412", "bench")
         env = {
             "TIDEGATE_REDIS_URL": redis_url,
             "TIDEGATE_QUEUE_NAME": queue,
             "TIDEGATE_POLICY_FILE": policy_file.name,
+            # Every worker's answer times in one /metrics (the multiprocess collector).
+            "PROMETHEUS_MULTIPROC_DIR": metrics_dir.name,
         }
         with api_process(env, workers) as base_url:
             clients = [KeepAliveClient(base_url, token) for _ in range(threads)]
@@ -228,7 +248,7 @@ def one_run(
             )
 
             direct_ok = _direct_accepts(Producer(redis, policy, queue), threads, seconds)
-            alone_latencies, shed, shed_latencies, stormed = _shed_answers(
+            alone_latencies, shed, shed_latencies, stormed, server_p99 = _shed_answers(
                 redis, keys, clients, complaint, seconds, (base_url, token, storm_clients, storm_pause_s)
             )
             for client in clients:
@@ -256,11 +276,27 @@ def one_run(
             storm_p99_ms=_percentile_ms(stormed.latencies, 99),
             storm_other_answers=len(stormed.latencies) - storm_sheds,
             books_balanced=books,
+            server_shed_alone_p99_ms=server_p99[0],
+            server_shed_p99_ms=server_p99[1],
+            server_storm_p99_ms=server_p99[2],
+            **_cpu_since(cpu_at, machine_at, wall_at),
         )
     finally:
         delete_queue(redis, queue)
         redis.close()
         Path(policy_file.name).unlink(missing_ok=True)
+        metrics_dir.cleanup()
+
+
+def _cpu_since(
+    cpu_at: float | None, machine_at: tuple[float, float] | None, wall_at: float
+) -> dict[str, float]:
+    """Cores used since the readings: this process, and the whole machine (0 where /proc cannot say)."""
+    wall = max(time.monotonic() - wall_at, 1e-9)
+    cpu_now, machine_now = process_cpu_seconds(os.getpid()), machine_cpu_seconds()
+    generator = (cpu_now - cpu_at) / wall if cpu_now is not None and cpu_at is not None else 0.0
+    busy = (machine_now[0] - machine_at[0]) / wall if machine_now and machine_at else 0.0
+    return {"generator_cores": round(generator, 2), "machine_busy_cores": round(busy, 2)}
 
 
 def _direct_accepts(producer: Producer, threads: int, seconds: float) -> int:
@@ -282,24 +318,30 @@ def _shed_answers(
     body: bytes,
     seconds: float,
     storm_plan: tuple[str, str, int, float],
-) -> tuple[list[float], int, list[float], StormAnswers]:
+) -> tuple[list[float], int, list[float], StormAnswers, tuple[float, float, float]]:
     """429 latencies with the queue held at red: one client alone, then every client at once, then
-    the retry storm (`storm_plan`: base URL, key, clients, mean pause; no storm with 0 clients)."""
+    the retry storm (`storm_plan`: base URL, key, clients, mean pause; no storm with 0 clients); and
+    each phase's p99 inside the server."""
     stop = threading.Event()
     refresher = threading.Thread(target=_keep_red, args=(redis, keys, stop), daemon=True)
     refresher.start()
     time.sleep(0.5)  # past the API's 0.25 s admission cache
     base_url, token, storm_clients, pause_s = storm_plan
+    scrapes = [answer_buckets(base_url, "429")]
     try:
         _, _, alone = _hammer(1, seconds / 2, lambda i: clients[i].post(PATH, body, 429))
+        scrapes.append(answer_buckets(base_url, "429"))
         shed, _, latencies = _hammer(len(clients), seconds, lambda i: clients[i].post(PATH, body, 429))
+        scrapes.append(answer_buckets(base_url, "429"))
         stormed = StormAnswers()
         if storm_clients:
             stormed = storm(base_url, PATH, token, body, storm_clients, seconds, pause_s)
+        scrapes.append(answer_buckets(base_url, "429"))
     finally:
         stop.set()
         refresher.join()
-    return alone, shed, latencies, stormed
+    alone_p99, crowd_p99, storm_p99 = (quantile_ms(a, b, 0.99) for a, b in itertools.pairwise(scrapes))
+    return alone, shed, latencies, stormed, (alone_p99, crowd_p99, storm_p99)
 
 
 @app.command()
@@ -344,6 +386,11 @@ def main(
         f"  429, {threads:2d} clients     p50 {medians['shed_p50_ms']:.1f} ms, p99 {medians['shed_p99_ms']:.1f} ms\n"
         f"  429, {storm_clients} retrying  p50 {medians['storm_p50_ms']:.1f} ms, p99 {medians['storm_p99_ms']:.1f} ms "
         f"({medians['storm_answers_per_s']:.0f} answers/s)\n"
+        f"  429 p99 inside the server: one client {medians['server_shed_alone_p99_ms']:.1f} ms, "
+        f"{threads} clients {medians['server_shed_p99_ms']:.1f} ms, "
+        f"{storm_clients} retrying {medians['server_storm_p99_ms']:.1f} ms\n"
+        f"  load generator {medians['generator_cores']:.2f} cores, "
+        f"machine busy {medians['machine_busy_cores']:.2f} of {os.cpu_count()} cores\n"
         f"  books balanced in every run: {all(f.books_balanced for f in figures)}"
     )
 

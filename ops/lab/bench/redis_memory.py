@@ -2,7 +2,9 @@
 
 The peak is sampled while the run plays. Per-submission bytes come from `MEMORY USAGE` of a sample
 of the run's own ticket records (and their idempotency keys), so other queues on a shared Redis do
-not count, and from how many records the run's submissions left.
+not count, and from how many records the run's submissions left. A rejected record shares a bucket
+hash with others (shared/rejected.py), and so does its idempotency key: each costs its bucket's
+bytes divided by the bucket's records.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from redis import Redis
 
 from ops.lab.traffic.records import TicketRecord
 from shared.keys import QueueKeys
+from shared.rejected import slot
 
 SAMPLE_INTERVAL_S = 0.5
 RECORDS_SAMPLED = 200
@@ -68,6 +71,27 @@ def _mean_record_bytes(client: Redis, keys: QueueKeys, ticket_ids: Sequence[str]
     return total / len(sample)
 
 
+def _mean_rejected_bytes(client: Redis, keys: QueueKeys, ticket_ids: Sequence[str]) -> float:
+    """Mean bytes of a rejected record (its share of its bucket) plus, averaged over the records,
+    the run's share of the buckets indexing rejected submissions' idempotency keys."""
+    buckets = {slot(keys, ticket_id)[0] for ticket_id in list(ticket_ids)[:RECORDS_SAMPLED]}
+    if not buckets:
+        return 0.0
+    per_record = [_bytes_per_field(client, bucket) for bucket in sorted(buckets)]
+    pattern = keys.idempotency_prefix.replace("{", "\\{").replace("}", "\\}") + "~*"
+    index_bytes = sum(_key_bytes(client, k) for k in client.scan_iter(match=pattern))
+    return sum(per_record) / len(per_record) + index_bytes / max(len(ticket_ids), 1)
+
+
+def _key_bytes(client: Redis, key: str) -> int:
+    return int(cast("int | None", client.memory_usage(key, samples=0)) or 0)
+
+
+def _bytes_per_field(client: Redis, key: str) -> float:
+    fields = int(cast("int", client.hlen(key)))
+    return _key_bytes(client, key) / fields if fields else 0.0
+
+
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -79,7 +103,7 @@ def memory_figures(
     rejected_submissions = sum(r.rejections for r in records)
     rejected_records = {tid for r in records for tid in r.rejected_ids if tid != r.ticket_id}
     accepted = [r.ticket_id for r in records if r.ticket_id]
-    per_rejected = _mean_record_bytes(client, keys, sorted(rejected_records), idem=True)
+    per_rejected = _mean_rejected_bytes(client, keys, sorted(rejected_records))
     per_accepted = _mean_record_bytes(client, keys, accepted, idem=True)
     rejected_bytes = per_rejected * len(rejected_records)
     return {

@@ -38,3 +38,6 @@ def test_api_rate_bench_reports_all_figures(redis_url: str) -> None:
     assert median["shed_answers"] > 0
     assert median["api_errors"] == 0
     assert 0 < median["shed_alone_p50_ms"] <= median["shed_alone_p99_ms"]
+    assert median["server_shed_alone_p99_ms"] > 0  # timed inside the server, every worker's answers
+    assert median["server_shed_p99_ms"] > 0
+    assert median["generator_cores"] > 0

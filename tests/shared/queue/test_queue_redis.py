@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,6 +13,7 @@ from redis import Redis
 from shared.models import TicketRequest, TicketStatus
 from shared.policy import Policy
 from shared.queue import EnqueueOptions, TicketQueue
+from shared.rejected import slot, unpacked
 from shared.shed import ShedCode
 from tests.fake_clock import FakeClock
 
@@ -276,24 +278,48 @@ def test_degrade_options_route_and_leave_max_tokens_to_the_worker(ticket_queue: 
     assert ticket is not None and ticket.max_tokens == 500 and ticket.route == "fallback"
 
 
-def test_a_shed_ticket_leaves_a_lean_record_with_its_own_retention(
+def test_a_shed_ticket_leaves_a_lean_record_in_a_shared_bucket_with_its_own_retention(
     ticket_queue: TicketQueue, redis_client: Redis
 ) -> None:
     prompt = "why was my card blocked? " * 400
     shed = EnqueueOptions(shed=ShedCode.QUEUE_RED, retry_after=12.5)
     result = ticket_queue.enqueue(req("complaint", prompt=prompt), shed)
     assert result.outcome == "rejected" and result.code is ShedCode.QUEUE_RED
-    key = ticket_queue.keys.ticket(result.ticket_id)
-    stored = redis_client.hgetall(key)
+    assert not redis_client.exists(ticket_queue.keys.ticket(result.ticket_id))  # no key of its own
+    bucket, field = slot(ticket_queue.keys, result.ticket_id)
+    stored = unpacked(result.ticket_id, redis_client.hget(bucket, field))
     assert "prompt" not in stored and "messages" not in stored and "callback_url" not in stored
     assert stored["shed_code"] == "queue_red" and stored["retry_after"] == "12.5"
     assert int(stored["prompt_chars"]) == len(prompt) and len(stored["prompt_digest"]) == 16
-    assert 0 < redis_client.ttl(key) <= ticket_queue.policy.queue.rejected_retention_seconds
-    assert redis_client.object("encoding", key) == "listpack"  # the compact encoding
-    assert int(redis_client.memory_usage(key, samples=0)) < 500
+    assert 0 < redis_client.ttl(bucket) <= ticket_queue.policy.queue.rejected_retention_seconds
     ticket = ticket_queue.get(result.ticket_id)
     assert ticket is not None and ticket.status is TicketStatus.REJECTED and ticket.prompt is None
     assert ticket.error == ticket_queue.shed_words(ShedCode.QUEUE_RED, "complaint")
+    assert ticket.expires_at == pytest.approx(ticket.created_at + ticket.ttl_seconds)
+    assert ticket_queue.get_many([result.ticket_id, "0" * 26]) == [ticket, None]
+    assert ticket_queue.get(result.ticket_id[:7]) is None  # a bucket is no ticket
+    assert ticket_queue.cancel(result.ticket_id) == "rejected"  # ended already: nothing changes
+
+
+@pytest.mark.parametrize("with_key", [False, True])
+def test_a_thousand_shed_submissions_cost_at_most_300_bytes_each(
+    ticket_queue: TicketQueue, redis_client: Redis, with_key: bool
+) -> None:
+    shed = EnqueueOptions(shed=ShedCode.QUEUE_RED, retry_after=1.0)
+    requests_ = [
+        req(
+            "complaint",
+            prompt=f"my card was charged twice, case {i}",
+            idempotency_key=f"{uuid.uuid4()}" if with_key else None,
+        )
+        for i in range(1000)
+    ]
+    results = ticket_queue.enqueue_many(requests_, [shed] * len(requests_))
+    assert {r.outcome for r in results} == {"rejected"}
+    tag = ticket_queue.keys.prefix.replace("{", "\\{").replace("}", "\\}")
+    stored = [k for k in redis_client.scan_iter(match=tag + "*") if ":t:" in k or ":idem:" in k]
+    total = sum(int(redis_client.memory_usage(k, samples=0)) for k in stored)
+    assert total / len(results) <= 300, f"{total / len(results):.0f} B per shed submission"
 
 
 def test_retries_under_one_idempotency_key_reuse_one_record_until_admitted(
