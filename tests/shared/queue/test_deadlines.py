@@ -20,7 +20,7 @@ from shared.models import TicketRequest, TicketStatus
 from shared.policy import Policy
 from shared.queue import TicketQueue
 from shared.shed import ShedCode
-from tests.monitor.support import FakeClock
+from tests.fake_clock import FakeClock
 
 
 @pytest.fixture
