@@ -102,6 +102,12 @@ def _parse_mix(text: str, known: list[str]) -> dict[str, float]:
     return mix
 
 
+def _systems(text: str, baseline: bool) -> tuple[str, ...]:
+    """`tidegate,fifo,smg` -> the arms in that order; `--no-baseline` leaves the FIFO out."""
+    names = tuple(name for name in (part.strip() for part in text.split(",")) if name)
+    return names if baseline else tuple(name for name in names if name != "fifo")
+
+
 @app.command("overload")
 def overload_command(
     quick: bool = typer.Option(False, "--quick", help="a 30 s surge (about 2 minutes in all), for CI"),
@@ -140,12 +146,31 @@ def overload_command(
     baseline: bool = typer.Option(
         True, "--baseline/--no-baseline", help="run the FIFO baseline too (leave it out for ablation runs)"
     ),
+    system: str = typer.Option(
+        "tidegate,fifo",
+        "--system",
+        help="arms to run one after another, each on fresh simulators: tidegate, fifo (the seed's FIFO), "
+        "engine (the simulator's own priority scheduling, no gateway), smg (SMG's priority scheduler; "
+        "installed into ~/.cache/tidegate/peers on first use)",
+    ),
+    ramp: float | None = typer.Option(
+        None,
+        "--ramp",
+        help="seconds from normal load to the surge; 0 = a step [5% of --duration: 12 s of 240]",
+    ),
+    memory: str = typer.Option(
+        "tight",
+        "--memory",
+        help="tight: --kv-blocks in crash-on-OOM mode; ample: the GPU's whole KV cache in preempt mode, "
+        "so no arm can crash it",
+    ),
     as_json: bool = typer.Option(False, "--json", help="print results.json's summary instead of the table"),
 ) -> None:
-    """tidegate and a plain FIFO baseline under the same seeded overload, side by side."""
+    """tidegate beside the arms named by --system, each under the same seeded overload on fresh simulators."""
     import time as _time
 
     from ops.lab.bench.overload import OverloadBench
+    from ops.lab.bench.peers.smg import PeerUnavailable
     from ops.lab.bench.report import print_result
     from ops.lab.bench.scenario import OverloadScenario
     from ops.lab.bench.systems import OverloadError
@@ -167,7 +192,9 @@ def overload_command(
         "seed": seed,
         "client": client,
         "worker_args": tuple(worker_option or ()),
-        "baseline": baseline,
+        "systems": _systems(system, baseline),
+        "ramp_s": ramp,
+        "memory": memory,
     }
     if duration is not None:
         values["duration_s"] = duration
@@ -187,9 +214,12 @@ def overload_command(
     command = (
         "tidegate bench overload"
         + (" --quick" if quick else "")
+        + (f" --duration {duration:g}" if duration is not None else "")
+        + f" --surge {surge:g}"
+        + (f" --ramp {ramp:g}" if ramp is not None else "")
+        + f" --memory {memory} --time-scale {time_scale:g} --system {','.join(scenario.systems)}"
         + (f" --client {client}" if client != "tickets" else "")
         + "".join(f" --worker-option={option}" for option in worker_option or ())
-        + ("" if baseline else " --no-baseline")
     )
     bench = OverloadBench(
         scenario,
@@ -202,7 +232,7 @@ def overload_command(
     )
     try:
         result = bench.run()
-    except (OverloadError, ChildError) as exc:
+    except (OverloadError, ChildError, PeerUnavailable) as exc:
         fail(str(exc))
     finally:
         redis.stop()

@@ -26,10 +26,18 @@ from typing import Any
 
 from ops.lab.bench.figures import SystemFigures, goodput_tokens_per_s, system_figures
 from ops.lab.bench.machine import describe_machine
+from ops.lab.bench.peer_runs import PeerRunner
 from ops.lab.bench.plot import PlotSeries, plot_runs
 from ops.lab.bench.saturation import Capacity, concurrency_ladder, measure_capacity
 from ops.lab.bench.scenario import OverloadScenario
-from ops.lab.bench.systems import OverloadSetup, SystemRun, SystemRunner, no_progress, start_simulators
+from ops.lab.bench.systems import (
+    OverloadError,
+    OverloadSetup,
+    SystemRun,
+    SystemRunner,
+    no_progress,
+    start_simulators,
+)
 from ops.lab.traffic.capacity import estimate_capacity
 from ops.lab.traffic.workload import PlannedArrival, plan_arrivals, sample_tickets, summarize
 from shared.policy import Policy
@@ -81,6 +89,11 @@ class OverloadBench:
         machine = describe_machine(self.setup.redis_url)
         capacity = self.measure_capacity()
         s = self.setup.scenario
+        if capacity.tickets_per_s <= 0:
+            raise OverloadError(
+                f"no answer finished in the capacity window ({s.capacity_window_s:g} s at concurrency "
+                f"{capacity.concurrency}); raise --time-scale or leave out --quick"
+            )
         spec = s.workload(capacity.tickets_per_s * s.gpus)
         plan = plan_arrivals(spec)
         summary = summarize(plan, spec)
@@ -92,8 +105,7 @@ class OverloadBench:
             f"{summary.branches_used} branches over {s.duration_s:.0f} s, load {s.normal_load:.0%} -> "
             f"{s.surge_load:.0%} -> {s.normal_load:.0%}"
         )
-        runner = SystemRunner(self.setup)
-        runs = [runner.tidegate(plan)] + ([runner.baseline(plan)] if s.baseline else [])
+        runs = [self._arm(name)(plan) for name in s.systems]
         capacity_tokens = capacity.tokens_per_s * s.gpus
         figures = {run.name: self._figures(run, capacity_tokens) for run in runs}
         verdict = self._verdict(figures)
@@ -107,6 +119,7 @@ class OverloadBench:
             "systems": {name: f.to_dict() for name, f in figures.items()},
             "verdict": verdict,
             "redis_memory": {run.name: run.redis_memory for run in runs if run.redis_memory},
+            "harness": {run.name: run.harness for run in runs if run.harness},
             "timelines": {run.name: [sample.to_dict() for sample in run.samples] for run in runs},
             "elapsed_s": round(time.monotonic() - began, 1),
         }
@@ -122,6 +135,17 @@ class OverloadBench:
             self.setup.results_dir / "overload.png",
         )
         return OverloadResult(s, capacity, figures, verdict, self.setup.results_dir, document)
+
+    def _arm(self, name: str) -> Callable[[Sequence[PlannedArrival]], SystemRun]:
+        """The runner of one arm; every arm starts its own simulators with the run's flags."""
+        systems, peers = SystemRunner(self.setup), PeerRunner(self.setup)
+        arms: dict[str, Callable[[Sequence[PlannedArrival]], SystemRun]] = {
+            "tidegate": systems.tidegate,
+            "fifo": systems.baseline,
+            "engine": peers.engine,
+            "smg": peers.smg,
+        }
+        return arms[name]
 
     # ---- 1. capacity ------------------------------------------------------------------------
     def measure_capacity(self) -> Capacity:
@@ -168,6 +192,7 @@ class OverloadBench:
             capacity_tokens_per_s=capacity_tokens_per_s,
             cpu_cores=run.cpu_cores,
             notes=run.notes,
+            shed_codes=run.shed_codes,
         )
 
     def _verdict(self, figures: Mapping[str, SystemFigures]) -> dict[str, dict[str, bool]]:
@@ -193,15 +218,15 @@ class OverloadBench:
                     row.rejected == 0 and ours.books.by_type.get(t, {}).get("rejected", 0) == 0
                 )
             verdict["tidegate"] = checks
-        seed = figures.get("baseline")
-        if seed is not None:
+        seed = figures.get("fifo")
+        if seed is not None and self.setup.scenario.memory == "tight":
             checks = {"OOM crashes happened": seed.oom_crashes > 0, "accounting holds": seed.books.holds}
             for t in critical:
                 row = seed.rows[t]
                 checks[f"{t} p99 above its {row.slo_seconds:g} s SLO (or none answered)"] = (
                     row.p99_s is None or row.slo_seconds is None or row.p99_s > row.slo_seconds
                 )
-            verdict["baseline"] = checks
+            verdict["fifo"] = checks
         return verdict
 
 

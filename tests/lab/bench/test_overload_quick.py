@@ -33,7 +33,7 @@ def test_quick_overload_keeps_the_books_and_tidegate_never_crashes_a_gpu(
     assert run.returncode == 0, run.stderr[-4000:]
     document = json.loads(run.stdout)
     systems = document["systems"]
-    assert set(systems) == {"tidegate", "baseline"}
+    assert set(systems) == {"tidegate", "fifo"}
 
     for name, system in systems.items():
         # Every submission ended in exactly one outcome, per type.
@@ -72,4 +72,4 @@ def test_quick_overload_keeps_the_books_and_tidegate_never_crashes_a_gpu(
     assert document["capacity"]["tokens_per_s"] > 0
     assert (results / "overload.png").read_bytes()[:4] == b"\x89PNG"
     saved = json.loads((results / "results.json").read_text())
-    assert set(saved["timelines"]) == {"tidegate", "baseline"} and saved["timelines"]["tidegate"]
+    assert set(saved["timelines"]) == {"tidegate", "fifo"} and saved["timelines"]["tidegate"]
