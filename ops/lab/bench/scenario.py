@@ -20,7 +20,8 @@ SYSTEMS = ("tidegate", "fifo", "engine", "smg")
 """The arms `--system` accepts: tidegate, the seed's FIFO, the engine's own priority scheduling, SMG."""
 MEMORY_SETTINGS = ("tight", "ample")
 """tight: `kv_blocks` in crash-on-OOM mode (a gateway blind to KV memory can crash the engine);
-ample: every block the simulated GPU holds, in preempt mode as vLLM runs, so no arm can crash it."""
+ample: the KV cache the simulated GPU's profile sizes as vLLM does, in preempt mode as vLLM runs, so
+no arm can crash it."""
 RAMP_START, PLATEAU_END = 0.22, 0.62
 """Fractions of the run where the surge begins and where its plateau ends (the built-in shape)."""
 STEP_S = 0.001
@@ -169,10 +170,9 @@ class OverloadScenario:
 
 
 def ample_kv_blocks() -> int:
-    """Every KV block the simulated GPU holds beside the model (the profile's most)."""
-    config = SimSettings().config()
-    profile = config.profile
-    return int((profile.gpu_total_bytes - profile.model_bytes - profile.overhead_bytes) // config.block_bytes)
+    """The simulated GPU's own KV cache, sized as vLLM sizes it (not every block that would fit: a
+    KV cache that fills the GPU leaves tidegate's worker no free memory to size its batch by)."""
+    return SimSettings().config().kv_blocks
 
 
 def split_by_branch(
