@@ -121,6 +121,9 @@ def overload_command(
     gpus: int = typer.Option(1, "--gpus", help="simulated GPUs (one worker each; as many for the baseline)"),
     time_scale: float = typer.Option(4.0, "--time-scale", help="simulated GPU speed, times real time"),
     kv_blocks: int = typer.Option(2000, "--kv-blocks", help="KV-cache blocks (16 tokens) per GPU"),
+    max_num_seqs: int = typer.Option(
+        32, "--max-num-seqs", help="sequences per simulated GPU, every arm (tidegate's worker batch)"
+    ),
     baseline_concurrency: int = typer.Option(
         24, "--baseline-concurrency", help="the FIFO baseline's fixed requests in flight per GPU"
     ),
@@ -187,6 +190,7 @@ def overload_command(
         "gpus": gpus,
         "time_scale": time_scale,
         "kv_blocks": kv_blocks,
+        "max_num_seqs": max_num_seqs,
         "baseline_concurrency": baseline_concurrency,
         "honour_retry_after": honour_retry_after,
         "seed": seed,

@@ -42,6 +42,9 @@ class OverloadScenario:
     time_scale: float = 4.0
     """The simulated GPU runs this many times faster than real time: a faster GPU, in wall seconds."""
     kv_blocks: int = 2000
+    max_num_seqs: int = 32
+    """Sequences a simulated GPU runs at once: tidegate's worker batch, so the engine arm, SMG's slots and
+    tidegate's worker all have the same batch (the profile's 256 let the engine arm alone run wider)."""
     """KV-cache blocks per GPU (16 tokens each): small enough that the 16k-token tail can fill it."""
     oom_recovery_s: float = 90.0
     """Model seconds a simulated GPU needs to restart after an OOM crash."""
@@ -111,6 +114,7 @@ class OverloadScenario:
                 f"0 (a step) or more seconds, below {PLATEAU_END - RAMP_START:.0%} of --duration",
             ),
             "--memory": (self.memory in MEMORY_SETTINGS, self.memory, " or ".join(MEMORY_SETTINGS)),
+            "--max-num-seqs": (1 <= self.max_num_seqs <= 1024, self.max_num_seqs, "1 to 1024"),
         }
         for flag, (ok, value, accepted) in checks.items():
             if not ok:
@@ -138,6 +142,7 @@ class OverloadScenario:
         return SimSettings(
             time_scale=self.time_scale,
             kv_blocks=self.kv_blocks if self.memory == "tight" else ample_kv_blocks(),
+            max_num_seqs=self.max_num_seqs,
             oom_mode=oom_mode or self.oom_mode,
             oom_recovery_s=self.oom_recovery_s,
             scheduling_policy=scheduling_policy,

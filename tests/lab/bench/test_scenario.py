@@ -62,6 +62,7 @@ def test_memory_settings_and_arms_are_checked_and_set_the_simulators() -> None:
     assert ample.oom_mode == "preempt" and ample.sim_settings().kv_blocks > 3 * tight.kv_blocks
     ample.sim_settings().config()  # the simulator accepts it: the blocks fit beside the model
     assert OverloadScenario().sim_settings(scheduling_policy="priority").scheduling_policy == "priority"
+    assert tight.sim_settings().max_num_seqs == ample.sim_settings().max_num_seqs == 32
     with pytest.raises(ValueError, match=r"--memory=huge is not accepted; use tight or ample"):
         OverloadScenario(memory="huge")
     with pytest.raises(ValueError, match=r"--system=tidegate,vllm is not accepted"):
