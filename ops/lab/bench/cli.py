@@ -153,8 +153,8 @@ def overload_command(
         "tidegate,fifo",
         "--system",
         help="arms to run one after another, each on fresh simulators: tidegate, fifo (the seed's FIFO), "
-        "engine (the simulator's own priority scheduling, no gateway), smg (SMG's priority scheduler; "
-        "installed into ~/.cache/tidegate/peers on first use)",
+        "engine (the simulator's own priority scheduling, no gateway), smg (SMG's priority scheduler), "
+        "litellm (the LiteLLM proxy's concurrency cap); peers install into ~/.cache/tidegate/peers on first use",
     ),
     ramp: float | None = typer.Option(
         None,
@@ -173,7 +173,7 @@ def overload_command(
     import time as _time
 
     from ops.lab.bench.overload import OverloadBench
-    from ops.lab.bench.peers.smg import PeerUnavailable
+    from ops.lab.bench.peers.venv import PeerUnavailable
     from ops.lab.bench.report import print_result
     from ops.lab.bench.scenario import OverloadScenario
     from ops.lab.bench.systems import OverloadError

@@ -144,6 +144,7 @@ class OverloadBench:
             "fifo": systems.baseline,
             "engine": peers.engine,
             "smg": peers.smg,
+            "litellm": peers.litellm,
         }
         return arms[name]
 

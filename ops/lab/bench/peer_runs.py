@@ -1,4 +1,4 @@
-"""The peer arms of the overload bench: the engine's own priority scheduling, and SMG in front of it.
+"""The peer arms of the overload bench: the engine's own priority scheduling, SMG and LiteLLM.
 
 Each arm starts its own simulators with the run's flags (the engine arm with `--scheduling-policy
 priority`), plays the plan through `PeerPlayer` (branches that send at planned times, retry shed
@@ -18,6 +18,7 @@ from typing import Any
 from ops.lab.bench.cpu import CpuMeter
 from ops.lab.bench.figures import Books
 from ops.lab.bench.peer_player import PeerClientSettings, PeerPlayer, RequestShape
+from ops.lab.bench.peers.litellm import MODEL_GROUP, LitellmGateway, litellm_command
 from ops.lab.bench.peers.smg import PRIORITY_HEADER, SmgGateway, smg_class, smg_command
 from ops.lab.bench.scenario import split_by_branch
 from ops.lab.bench.sim_probe import served_model
@@ -104,6 +105,30 @@ class PeerRunner:
                 f"smg {executable}: classes {', '.join(f'{t}={smg_class(policy, t)}' for t in self.setup.types)}"
             ]
             return self._play("smg", plan, shape, urls, pids, notes=notes)
+
+    def litellm(self, plan: Sequence[PlannedArrival]) -> SystemRun:
+        s = self.setup.scenario
+        executable = litellm_command(self.setup.progress)
+        batch = worker_batch()
+        self.setup.progress(
+            f"litellm: {s.gpus} simulator(s) in {s.oom_mode} mode behind the LiteLLM proxy, each deployment "
+            f"capped at max_parallel_requests={batch} (a concurrency cap answering 429, no priority order)"
+        )
+        with ExitStack() as cleanup:
+            urls = self._simulators(cleanup, "litellm", "fcfs")
+            gateway = LitellmGateway(served_model(urls[0]), urls, batch, self.setup.results_dir / "litellm")
+            cleanup.callback(gateway.stop)
+            gateway.start(executable)
+
+            def shape(arrival: PlannedArrival) -> tuple[str, dict[str, Any], dict[str, str]]:
+                return gateway.url, _body(arrival, MODEL_GROUP), gateway.headers
+
+            pids = {"litellm": gateway.child.pid} if gateway.child and gateway.child.pid else {}
+            notes = [
+                f"litellm {executable}: a concurrency cap of {batch} per deployment; LiteLLM's scheduler "
+                "orders by priority only while every deployment cools down, so no priority is sent"
+            ]
+            return self._play("litellm", plan, shape, urls, pids, notes=notes)
 
     # ---- shared by the arms ------------------------------------------------------------------------
     def _simulators(self, cleanup: ExitStack, name: str, scheduling: str) -> list[str]:

@@ -16,8 +16,9 @@ from ops.lab.traffic.workload import DEFAULT_MIX, LoadPoint, LoadProfile, Planne
 
 MAX_MODEL_LEN = 16_896
 """Context of the simulated model: the workload's 16k-token tail plus its longest answer fits."""
-SYSTEMS = ("tidegate", "fifo", "engine", "smg")
-"""The arms `--system` accepts: tidegate, the seed's FIFO, the engine's own priority scheduling, SMG."""
+SYSTEMS = ("tidegate", "fifo", "engine", "smg", "litellm")
+"""The arms `--system` accepts: tidegate, the seed's FIFO, the engine's own priority scheduling, SMG,
+the LiteLLM proxy."""
 MEMORY_SETTINGS = ("tight", "ample")
 """tight: `kv_blocks` in crash-on-OOM mode (a gateway blind to KV memory can crash the engine);
 ample: the KV cache the simulated GPU's profile sizes as vLLM does, in preempt mode as vLLM runs, so

@@ -12,6 +12,7 @@ import pytest
 
 from ops.lab.bench.peer_player import DROPPED, PeerClientSettings, PeerPlayer
 from ops.lab.bench.peer_runs import engine_priority
+from ops.lab.bench.peers.litellm import litellm_config
 from ops.lab.bench.peers.smg import smg_class
 from ops.lab.traffic.records import OUTCOMES
 from ops.lab.traffic.workload import PlannedArrival
@@ -134,3 +135,15 @@ def test_the_engine_gets_tidegates_order_as_integers_and_smg_a_class_per_type(po
         "default",
         "bulk",
     ]
+
+
+def test_litellm_gets_one_capped_deployment_per_gpu_and_no_retries_of_its_own() -> None:
+    config = litellm_config("m", ["http://127.0.0.1:1/", "http://127.0.0.1:2"], 32)
+    deployments = config["model_list"]
+    assert isinstance(deployments, list) and len(deployments) == 2
+    assert [d["litellm_params"]["api_base"] for d in deployments] == [
+        "http://127.0.0.1:1/v1",
+        "http://127.0.0.1:2/v1",
+    ]
+    assert {d["litellm_params"]["max_parallel_requests"] for d in deployments} == {32}
+    assert config["litellm_settings"] == {"num_retries": 0, "request_timeout": 600}

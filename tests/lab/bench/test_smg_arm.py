@@ -17,14 +17,8 @@ import requests
 
 from ops.lab.bench.peer_player import PeerClientSettings, PeerPlayer
 from ops.lab.bench.peer_runs import worker_batch
-from ops.lab.bench.peers.smg import (
-    PRIORITY_HEADER,
-    PeerUnavailable,
-    SmgGateway,
-    peers_dir,
-    smg_class,
-    smg_command,
-)
+from ops.lab.bench.peers.smg import PRIORITY_HEADER, SmgGateway, smg_class, smg_command
+from ops.lab.bench.peers.venv import PeerUnavailable, peers_dir
 from ops.lab.sim.process import SimulatorProcess
 from ops.lab.traffic.workload import PlannedArrival
 from shared.policy import Policy

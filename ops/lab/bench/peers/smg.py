@@ -1,17 +1,13 @@
 """SMG (the Rust "Shepherd Model Gateway", `pip install smg`) in front of the simulators, as a peer arm.
 
-SMG is a lab extra, never a dependency of tidegate or of its tests: the bench installs it on first
-use into a virtualenv of its own (`~/.cache/tidegate/peers/smg`, or under `TIDEGATE_PEERS_DIR`) and
-runs its `smg launch` command from there. The gateway binds 127.0.0.1 on free ports, runs its opt-in
+SMG is a lab extra (see `venv.py`): the bench installs it on first use into a virtualenv of its own
+and runs its `smg launch` command from there. The gateway binds 127.0.0.1 on free ports, runs its opt-in
 priority scheduler with `peers/smg.yaml`, and gets each simulator registered with `POST /workers` and
 a `max_running_requests` label equal to tidegate's worker batch (otherwise it counts 64 slots).
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -19,6 +15,7 @@ from typing import Any
 
 import requests
 
+from ops.lab.bench.peers.venv import PeerUnavailable, peer_executable
 from ops.lab.procs.children import ChildProcess
 from ops.lab.procs.ports import free_port, http_ok
 from shared.policy import Policy
@@ -28,43 +25,12 @@ CONFIG = Path(__file__).with_name("smg.yaml")
 CLASS_BY_TYPE = {"loan_approval": "interactive", "complaint": "default", "archive_query": "bulk"}
 """The scheduler class of each ticket type of the default policy; see smg.yaml for why."""
 PRIORITY_HEADER = "x-smg-priority"
-INSTALL_TIMEOUT_S = 600.0
 READY_TIMEOUT_S = 30.0
-
-
-class PeerUnavailable(RuntimeError):
-    """A peer gateway cannot be installed or started here; the message says why and what to do."""
-
-
-def peers_dir() -> Path:
-    return Path(os.environ.get("TIDEGATE_PEERS_DIR") or Path.home() / ".cache" / "tidegate" / "peers")
 
 
 def smg_command(progress: Callable[[str], None] = lambda line: None) -> Path:
     """The `smg` executable, installed into its own virtualenv first when it is missing."""
-    venv = peers_dir() / "smg"
-    executable = venv / "bin" / "smg"
-    if executable.exists():
-        return executable
-    progress(f"smg: installing {SMG_REQUIREMENT} into {venv} (first use)")
-    steps = [
-        [sys.executable, "-m", "venv", str(venv)],
-        [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", SMG_REQUIREMENT],
-    ]
-    for step in steps:
-        try:
-            done = subprocess.run(
-                step, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S, check=False
-            )
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise PeerUnavailable(f"smg: `{' '.join(step)}` did not finish: {exc}") from exc
-        if done.returncode != 0:
-            raise PeerUnavailable(
-                f"smg: `{' '.join(step)}` failed ({done.returncode}): {done.stderr.strip()[-600:]}"
-            )
-    if not executable.exists():
-        raise PeerUnavailable(f"smg: installed {SMG_REQUIREMENT} but {executable} is missing")
-    return executable
+    return peer_executable("smg", SMG_REQUIREMENT, "smg", progress)
 
 
 def smg_class(policy: Policy, ticket_type: str) -> str:
