@@ -1,16 +1,18 @@
-"""`tidegate bench overload`: the seed's burst, played against tidegate and against the seed's FIFO.
+"""`tidegate bench overload`: the seed's burst, played against tidegate and the arms `--system` names.
 
-One run has three parts, on the same machine, with the same seeded workload:
+One run has these parts, on the same machine, with the same seeded workload, one after another:
 
 1. capacity: a preempt-mode simulator with the scenario's flags is driven closed-loop at a few
    concurrencies; its best throughput for the workload's mix is "100%" (see `saturation.py`);
-2. tidegate: the real processes (simulators in crash-on-OOM mode, one worker per GPU, the monitor, the
-   API) with 200 branches submitting over HTTP, half of them honouring Retry-After, half retrying
-   after a fixed pause;
-3. baseline: the same simulators and workload behind a Redis LIST with a fixed number of consumers
-   per GPU and no admission control (`baseline.py`), with branches that resend on errors and timeouts.
+2. tidegate: the real processes (simulators in the memory setting's mode, one worker per GPU, the
+   monitor, the API) with 200 branches submitting over HTTP, half of them honouring Retry-After, half
+   retrying after a fixed pause;
+3. fifo: the same simulators and workload behind a Redis LIST with a fixed number of consumers
+   per GPU and no admission control (`baseline.py`), with branches that resend on errors and timeouts;
+4. the peer arms (`peer_runs.py`): the engine's own priority scheduling, SMG, LiteLLM, each on fresh
+   simulators with the same flags.
 
-Offered load ramps from `normal_load` to `surge_load` of capacity and back. Everything is written to
+Offered load ramps (or steps, `--ramp 0`) from `normal_load` to `surge_load` of capacity and back. Everything is written to
 the results folder: `results.json` (figures, timelines, scenario, machine), one `*-tickets.jsonl` per
 system and `overload.png`.
 """

@@ -1,9 +1,10 @@
 """One system under the overload workload: tidegate's real processes, or the seed's FIFO baseline.
 
-Each run starts its own simulators in the memory setting's mode (crash-on-OOM when tight), plays the plan, samples a timeline, meters
-CPU, reads the simulators' counters before and after, and closes its books; what comes back is a
-`SystemRun`, the raw material of the figures. Whatever happens, the processes it started are stopped
-and, on a Redis shared with others, the keys it created are deleted.
+Each run starts its own simulators in the memory setting's mode (crash-on-OOM when tight), plays the
+plan, samples a timeline, meters CPU, reads the simulators' counters before and after, and closes its
+books; what comes back is a `SystemRun`, the raw material of the figures (the peer arms' runs are in
+`peer_runs.py`). Whatever happens, the processes it started are stopped and, on a Redis shared with
+others, the keys it created are deleted.
 """
 
 from __future__ import annotations
