@@ -102,6 +102,12 @@ def _parse_mix(text: str, known: list[str]) -> dict[str, float]:
     return mix
 
 
+def _systems(text: str, baseline: bool) -> tuple[str, ...]:
+    """`tidegate,fifo,smg` -> the arms in that order; `--no-baseline` leaves the FIFO out."""
+    names = tuple(name for name in (part.strip() for part in text.split(",")) if name)
+    return names if baseline else tuple(name for name in names if name != "fifo")
+
+
 @app.command("overload")
 def overload_command(
     quick: bool = typer.Option(False, "--quick", help="a 30 s surge (about 2 minutes in all), for CI"),
@@ -115,6 +121,9 @@ def overload_command(
     gpus: int = typer.Option(1, "--gpus", help="simulated GPUs (one worker each; as many for the baseline)"),
     time_scale: float = typer.Option(4.0, "--time-scale", help="simulated GPU speed, times real time"),
     kv_blocks: int = typer.Option(2000, "--kv-blocks", help="KV-cache blocks (16 tokens) per GPU"),
+    max_num_seqs: int = typer.Option(
+        32, "--max-num-seqs", help="sequences per simulated GPU, every arm (tidegate's worker batch)"
+    ),
     baseline_concurrency: int = typer.Option(
         24, "--baseline-concurrency", help="the FIFO baseline's fixed requests in flight per GPU"
     ),
@@ -140,12 +149,31 @@ def overload_command(
     baseline: bool = typer.Option(
         True, "--baseline/--no-baseline", help="run the FIFO baseline too (leave it out for ablation runs)"
     ),
+    system: str = typer.Option(
+        "tidegate,fifo",
+        "--system",
+        help="arms to run one after another, each on fresh simulators: tidegate, fifo (the seed's FIFO), "
+        "engine (the simulator's own priority scheduling, no gateway), smg (SMG's priority scheduler), "
+        "litellm (the LiteLLM proxy's concurrency cap); peers install into ~/.cache/tidegate/peers on first use",
+    ),
+    ramp: float | None = typer.Option(
+        None,
+        "--ramp",
+        help="seconds from normal load to the surge; 0 = a step [5% of --duration: 12 s of 240]",
+    ),
+    memory: str = typer.Option(
+        "tight",
+        "--memory",
+        help="tight: --kv-blocks in crash-on-OOM mode; ample: the GPU's whole KV cache in preempt mode, "
+        "so no arm can crash it",
+    ),
     as_json: bool = typer.Option(False, "--json", help="print results.json's summary instead of the table"),
 ) -> None:
-    """tidegate and a plain FIFO baseline under the same seeded overload, side by side."""
+    """tidegate beside the arms named by --system, each under the same seeded overload on fresh simulators."""
     import time as _time
 
     from ops.lab.bench.overload import OverloadBench
+    from ops.lab.bench.peers.venv import PeerUnavailable
     from ops.lab.bench.report import print_result
     from ops.lab.bench.scenario import OverloadScenario
     from ops.lab.bench.systems import OverloadError
@@ -162,12 +190,15 @@ def overload_command(
         "gpus": gpus,
         "time_scale": time_scale,
         "kv_blocks": kv_blocks,
+        "max_num_seqs": max_num_seqs,
         "baseline_concurrency": baseline_concurrency,
         "honour_retry_after": honour_retry_after,
         "seed": seed,
         "client": client,
         "worker_args": tuple(worker_option or ()),
-        "baseline": baseline,
+        "systems": _systems(system, baseline),
+        "ramp_s": ramp,
+        "memory": memory,
     }
     if duration is not None:
         values["duration_s"] = duration
@@ -187,9 +218,12 @@ def overload_command(
     command = (
         "tidegate bench overload"
         + (" --quick" if quick else "")
+        + (f" --duration {duration:g}" if duration is not None else "")
+        + f" --surge {surge:g}"
+        + (f" --ramp {ramp:g}" if ramp is not None else "")
+        + f" --memory {memory} --time-scale {time_scale:g} --system {','.join(scenario.systems)}"
         + (f" --client {client}" if client != "tickets" else "")
         + "".join(f" --worker-option={option}" for option in worker_option or ())
-        + ("" if baseline else " --no-baseline")
     )
     bench = OverloadBench(
         scenario,
@@ -202,7 +236,7 @@ def overload_command(
     )
     try:
         result = bench.run()
-    except (OverloadError, ChildError) as exc:
+    except (OverloadError, ChildError, PeerUnavailable) as exc:
         fail(str(exc))
     finally:
         redis.stop()

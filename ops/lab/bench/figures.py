@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from ops.lab.traffic.accounting import AccountingCheck, Ledger
 from ops.lab.traffic.records import OUTCOMES, TicketRecord, percentile
@@ -39,6 +39,9 @@ class TypeRow:
     submissions: int
     retries: int
     slo_seconds: float | None
+    shed: dict[str, int] = field(default_factory=dict)
+    """Submissions shed, or requests ended unanswered, by code ("429", "503 scheduler_queue_timeout",
+    "expired", ...), as the arm reports them."""
 
 
 def _latencies(records: Iterable[TicketRecord]) -> list[float]:
@@ -49,7 +52,12 @@ def _latencies(records: Iterable[TicketRecord]) -> list[float]:
     ]
 
 
-def type_row(name: str, records: Sequence[TicketRecord], slo_seconds: float | None) -> TypeRow:
+def type_row(
+    name: str,
+    records: Sequence[TicketRecord],
+    slo_seconds: float | None,
+    shed: Mapping[str, int] | None = None,
+) -> TypeRow:
     outcomes = Counter(r.outcome or "open" for r in records)
     latencies = _latencies(records)
     ttfts = [r.client_ttft_s for r in records if r.outcome == "done" and r.client_ttft_s is not None]
@@ -74,6 +82,7 @@ def type_row(name: str, records: Sequence[TicketRecord], slo_seconds: float | No
         submissions=sum(r.submissions for r in records),
         retries=sum(r.retries for r in records),
         slo_seconds=slo_seconds,
+        shed={code: count for code, count in (shed or {}).items() if count},
     )
 
 
@@ -168,6 +177,8 @@ class SystemFigures:
     books: Books
     cpu_cores: dict[str, float]
     notes: tuple[str, ...] = ()
+    shed_rate: float | None = None
+    """Share of offered requests that got no answer: goodput is read beside it (dropping work inflates it)."""
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -187,9 +198,14 @@ def system_figures(
     capacity_tokens_per_s: float,
     cpu_cores: Mapping[str, float],
     notes: Sequence[str] = (),
+    shed_codes: Mapping[str, Mapping[str, int]] | None = None,
 ) -> SystemFigures:
-    rows = {t: type_row(t, [r for r in records if r.type == t], slo_by_type[t]) for t in types}
-    rows["all"] = type_row("all", records, None)
+    codes = shed_codes or {}
+    rows = {t: type_row(t, [r for r in records if r.type == t], slo_by_type[t], codes.get(t)) for t in types}
+    everything: Counter[str] = Counter()
+    for by_code in codes.values():
+        everything.update(by_code)
+    rows["all"] = type_row("all", records, None, everything)
     busy = _share(goodput_tokens_per_s, capacity_tokens_per_s)
     slo_share = _share(slo_goodput_tokens_per_s, capacity_tokens_per_s)
     return SystemFigures(
@@ -206,6 +222,7 @@ def system_figures(
         books=books,
         cpu_cores=dict(cpu_cores),
         notes=tuple(notes),
+        shed_rate=round(1 - rows["all"].done / rows["all"].offered, 4) if rows["all"].offered else None,
     )
 
 

@@ -1,16 +1,18 @@
-"""`tidegate bench overload`: the seed's burst, played against tidegate and against the seed's FIFO.
+"""`tidegate bench overload`: the seed's burst, played against tidegate and the arms `--system` names.
 
-One run has three parts, on the same machine, with the same seeded workload:
+One run has these parts, on the same machine, with the same seeded workload, one after another:
 
 1. capacity: a preempt-mode simulator with the scenario's flags is driven closed-loop at a few
    concurrencies; its best throughput for the workload's mix is "100%" (see `saturation.py`);
-2. tidegate: the real processes (simulators in crash-on-OOM mode, one worker per GPU, the monitor, the
-   API) with 200 branches submitting over HTTP, half of them honouring Retry-After, half retrying
-   after a fixed pause;
-3. baseline: the same simulators and workload behind a Redis LIST with a fixed number of consumers
-   per GPU and no admission control (`baseline.py`), with branches that resend on errors and timeouts.
+2. tidegate: the real processes (simulators in the memory setting's mode, one worker per GPU, the
+   monitor, the API) with 200 branches submitting over HTTP, half of them honouring Retry-After, half
+   retrying after a fixed pause;
+3. fifo: the same simulators and workload behind a Redis LIST with a fixed number of consumers
+   per GPU and no admission control (`baseline.py`), with branches that resend on errors and timeouts;
+4. the peer arms (`peer_runs.py`): the engine's own priority scheduling, SMG, LiteLLM, each on fresh
+   simulators with the same flags.
 
-Offered load ramps from `normal_load` to `surge_load` of capacity and back. Everything is written to
+Offered load ramps (or steps, `--ramp 0`) from `normal_load` to `surge_load` of capacity and back. Everything is written to
 the results folder: `results.json` (figures, timelines, scenario, machine), one `*-tickets.jsonl` per
 system and `overload.png`.
 """
@@ -26,10 +28,18 @@ from typing import Any
 
 from ops.lab.bench.figures import SystemFigures, goodput_tokens_per_s, system_figures
 from ops.lab.bench.machine import describe_machine
+from ops.lab.bench.peer_runs import PeerRunner
 from ops.lab.bench.plot import PlotSeries, plot_runs
 from ops.lab.bench.saturation import Capacity, concurrency_ladder, measure_capacity
 from ops.lab.bench.scenario import OverloadScenario
-from ops.lab.bench.systems import OverloadSetup, SystemRun, SystemRunner, no_progress, start_simulators
+from ops.lab.bench.systems import (
+    OverloadError,
+    OverloadSetup,
+    SystemRun,
+    SystemRunner,
+    no_progress,
+    start_simulators,
+)
 from ops.lab.traffic.capacity import estimate_capacity
 from ops.lab.traffic.workload import PlannedArrival, plan_arrivals, sample_tickets, summarize
 from shared.policy import Policy
@@ -81,6 +91,11 @@ class OverloadBench:
         machine = describe_machine(self.setup.redis_url)
         capacity = self.measure_capacity()
         s = self.setup.scenario
+        if capacity.tickets_per_s <= 0:
+            raise OverloadError(
+                f"no answer finished in the capacity window ({s.capacity_window_s:g} s at concurrency "
+                f"{capacity.concurrency}); raise --time-scale or leave out --quick"
+            )
         spec = s.workload(capacity.tickets_per_s * s.gpus)
         plan = plan_arrivals(spec)
         summary = summarize(plan, spec)
@@ -92,8 +107,7 @@ class OverloadBench:
             f"{summary.branches_used} branches over {s.duration_s:.0f} s, load {s.normal_load:.0%} -> "
             f"{s.surge_load:.0%} -> {s.normal_load:.0%}"
         )
-        runner = SystemRunner(self.setup)
-        runs = [runner.tidegate(plan)] + ([runner.baseline(plan)] if s.baseline else [])
+        runs = [self._arm(name)(plan) for name in s.systems]
         capacity_tokens = capacity.tokens_per_s * s.gpus
         figures = {run.name: self._figures(run, capacity_tokens) for run in runs}
         verdict = self._verdict(figures)
@@ -107,6 +121,7 @@ class OverloadBench:
             "systems": {name: f.to_dict() for name, f in figures.items()},
             "verdict": verdict,
             "redis_memory": {run.name: run.redis_memory for run in runs if run.redis_memory},
+            "harness": {run.name: run.harness for run in runs if run.harness},
             "timelines": {run.name: [sample.to_dict() for sample in run.samples] for run in runs},
             "elapsed_s": round(time.monotonic() - began, 1),
         }
@@ -122,6 +137,18 @@ class OverloadBench:
             self.setup.results_dir / "overload.png",
         )
         return OverloadResult(s, capacity, figures, verdict, self.setup.results_dir, document)
+
+    def _arm(self, name: str) -> Callable[[Sequence[PlannedArrival]], SystemRun]:
+        """The runner of one arm; every arm starts its own simulators with the run's flags."""
+        systems, peers = SystemRunner(self.setup), PeerRunner(self.setup)
+        arms: dict[str, Callable[[Sequence[PlannedArrival]], SystemRun]] = {
+            "tidegate": systems.tidegate,
+            "fifo": systems.baseline,
+            "engine": peers.engine,
+            "smg": peers.smg,
+            "litellm": peers.litellm,
+        }
+        return arms[name]
 
     # ---- 1. capacity ------------------------------------------------------------------------
     def measure_capacity(self) -> Capacity:
@@ -168,6 +195,7 @@ class OverloadBench:
             capacity_tokens_per_s=capacity_tokens_per_s,
             cpu_cores=run.cpu_cores,
             notes=run.notes,
+            shed_codes=run.shed_codes,
         )
 
     def _verdict(self, figures: Mapping[str, SystemFigures]) -> dict[str, dict[str, bool]]:
@@ -193,15 +221,15 @@ class OverloadBench:
                     row.rejected == 0 and ours.books.by_type.get(t, {}).get("rejected", 0) == 0
                 )
             verdict["tidegate"] = checks
-        seed = figures.get("baseline")
-        if seed is not None:
+        seed = figures.get("fifo")
+        if seed is not None and self.setup.scenario.memory == "tight":
             checks = {"OOM crashes happened": seed.oom_crashes > 0, "accounting holds": seed.books.holds}
             for t in critical:
                 row = seed.rows[t]
                 checks[f"{t} p99 above its {row.slo_seconds:g} s SLO (or none answered)"] = (
                     row.p99_s is None or row.slo_seconds is None or row.p99_s > row.slo_seconds
                 )
-            verdict["baseline"] = checks
+            verdict["fifo"] = checks
         return verdict
 
 

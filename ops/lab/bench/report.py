@@ -93,6 +93,65 @@ def comparison_table(systems: Sequence[SystemFigures], types: Sequence[str], tit
     return table
 
 
+def _shed(row: TypeRow) -> str:
+    return ", ".join(f"{code} {count}" for code, count in sorted(row.shed.items())) or "-"
+
+
+CLASS_COLUMNS: tuple[tuple[str, Callable[[TypeRow], str]], ...] = (
+    ("offered", lambda r: str(r.offered)),
+    ("answered", lambda r: str(r.done)),
+    ("within SLO", _within),
+    ("shed / unanswered by code", _shed),
+    ("TTFT p50/p99 s", lambda r: f"{_seconds(r.ttft_p50_s)}/{_seconds(r.ttft_p99_s)}"),
+    ("e2e p50/p99 s", lambda r: f"{_seconds(r.p50_s)}/{_seconds(r.p99_s)}"),
+)
+
+
+def per_class_table(systems: Sequence[SystemFigures], types: Sequence[str], title: str) -> Table:
+    """One row per (class, arm): what each arm did with each ticket type, side by side."""
+    caption = (
+        "offered: unique requests (retries not counted); within SLO: answered within the type's SLO from "
+        "the branch's first submission; shed by code: submissions refused (429, 503 queue timeout, dropped "
+        "connection) and requests ended unanswered (expired at TTL, failed, cancelled); TTFT only for "
+        "streamed answers"
+    )
+    table = Table("class", "SLO s", "arm", *(name for name, _ in CLASS_COLUMNS), title=title, caption=caption)
+    for ticket_type in [*types, "all"]:
+        for system in systems:
+            row = system.rows[ticket_type]
+            slo = "-" if row.slo_seconds is None else f"{row.slo_seconds:g}"
+            cells = [cell(row) for _, cell in CLASS_COLUMNS]
+            table.add_row(SHORT_TYPE.get(ticket_type, ticket_type), slo, system.name, *cells)
+        table.add_section()
+    return table
+
+
+def arms_table(systems: Sequence[SystemFigures]) -> Table:
+    """Per arm: busy and SLO goodput beside the shed rate, OOM crashes and the CPU each process used."""
+    table = Table(
+        "arm",
+        "busy",
+        "SLO goodput",
+        "shed rate",
+        "OOM crashes",
+        "preemptions",
+        "CPU cores per process",
+        title="per arm, in the surge (goodput ÷ measured capacity)",
+    )
+    for system in systems:
+        cores = ", ".join(f"{name} {value:.2f}" for name, value in system.cpu_cores.items())
+        table.add_row(
+            system.name,
+            _fraction(system.busy_fraction),
+            _fraction(system.slo_goodput_fraction),
+            _fraction(system.shed_rate),
+            str(system.oom_crashes),
+            str(system.preemptions),
+            cores or "-",
+        )
+    return table
+
+
 def summary_line(system: SystemFigures) -> str:
     """Busy fraction, SLO goodput and answers per type on one line, the figures runs are compared by."""
     answered = ", ".join(f"{count} {t}" for t, count in system.answered.items())
@@ -114,13 +173,17 @@ def verdict_lines(verdict: Mapping[str, Mapping[str, bool]]) -> list[str]:
 def print_result(console: Console, result: OverloadResult) -> None:
     """The table, the accounting lines, the verdict and where the files are."""
     s = result.scenario
+    ramp = (
+        "the built-in ramp" if s.ramp_s is None else ("a step" if s.ramp_s == 0 else f"a {s.ramp_s:g} s ramp")
+    )
     title = (
-        f"overload: {s.normal_load:.0%} -> {s.surge_load:.0%} -> {s.normal_load:.0%} of capacity over "
-        f"{s.duration_s:.0f} s, {s.gpus} simulated GPU(s) in crash-on-OOM mode"
+        f"overload: {s.normal_load:.0%} -> {s.surge_load:.0%} ({ramp}) -> {s.normal_load:.0%} of capacity over "
+        f"{s.duration_s:.0f} s, {s.gpus} simulated GPU(s), memory {s.memory} ({s.oom_mode} on OOM)"
     )
     systems = list(result.figures.values())
     types = [t for t in systems[0].rows if t != "all"]
-    console.print(comparison_table(systems, types, title))
+    console.print(per_class_table(systems, types, title))
+    console.print(arms_table(systems))
     for system in systems:
         console.print(summary_line(system), highlight=False)
         console.print(f"{system.name} {system.books.line}", highlight=False)

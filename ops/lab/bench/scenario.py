@@ -12,10 +12,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ops.lab.stack.stack import SimSettings
-from ops.lab.traffic.workload import DEFAULT_MIX, LoadProfile, PlannedArrival, WorkloadSpec
+from ops.lab.traffic.workload import DEFAULT_MIX, LoadPoint, LoadProfile, PlannedArrival, WorkloadSpec
 
 MAX_MODEL_LEN = 16_896
 """Context of the simulated model: the workload's 16k-token tail plus its longest answer fits."""
+SYSTEMS = ("tidegate", "fifo", "engine", "smg", "litellm")
+"""The arms `--system` accepts: tidegate, the seed's FIFO, the engine's own priority scheduling, SMG,
+the LiteLLM proxy."""
+MEMORY_SETTINGS = ("tight", "ample")
+"""tight: `kv_blocks` in crash-on-OOM mode (a gateway blind to KV memory can crash the engine);
+ample: the KV cache the simulated GPU's profile sizes as vLLM does, in preempt mode as vLLM runs, so
+no arm can crash it."""
+RAMP_START, PLATEAU_END = 0.22, 0.62
+"""Fractions of the run where the surge begins and where its plateau ends (the built-in shape)."""
+STEP_S = 0.001
+"""A step is a ramp this short: the load profile's points must rise strictly."""
 
 
 @dataclass(frozen=True)
@@ -32,6 +43,9 @@ class OverloadScenario:
     time_scale: float = 4.0
     """The simulated GPU runs this many times faster than real time: a faster GPU, in wall seconds."""
     kv_blocks: int = 2000
+    max_num_seqs: int = 32
+    """Sequences a simulated GPU runs at once: tidegate's worker batch, so the engine arm, SMG's slots and
+    tidegate's worker all have the same batch (the profile's 256 let the engine arm alone run wider)."""
     """KV-cache blocks per GPU (16 tokens each): small enough that the 16k-token tail can fill it."""
     oom_recovery_s: float = 90.0
     """Model seconds a simulated GPU needs to restart after an OOM crash."""
@@ -52,8 +66,12 @@ class OverloadScenario:
     """How tidegate's branches call it: `tickets` (submit and poll) or `openai` (streamed completions)."""
     worker_args: tuple[str, ...] = ()
     """Extra `tidegate worker` flags (`--no-preemption`, ...), for an ablation run."""
-    baseline: bool = True
-    """Whether to run the FIFO baseline too; an ablation run compares tidegate with tidegate."""
+    systems: tuple[str, ...] = ("tidegate", "fifo")
+    """The arms to run, one after another, each on fresh simulators (names from `SYSTEMS`)."""
+    ramp_s: float | None = None
+    """Seconds from normal load to the surge (and back); 0 is a step; None: 5% of the run (12 s in 240)."""
+    memory: str = "tight"
+    """A name from `MEMORY_SETTINGS`."""
 
     def __post_init__(self) -> None:
         checks = {
@@ -84,6 +102,20 @@ class OverloadScenario:
             ),
             "--drain-timeout": (self.drain_timeout_s >= 0, self.drain_timeout_s, "0 or more seconds"),
             "--client": (self.client in ("tickets", "openai"), self.client, "tickets or openai"),
+            "--system": (
+                bool(self.systems)
+                and set(self.systems) <= set(SYSTEMS)
+                and len(set(self.systems)) == len(self.systems),
+                ",".join(self.systems),
+                f"a comma-separated list of distinct names from {', '.join(SYSTEMS)}",
+            ),
+            "--ramp": (
+                self.ramp_s is None or 0 <= self.ramp_s < (PLATEAU_END - RAMP_START) * self.duration_s,
+                self.ramp_s,
+                f"0 (a step) or more seconds, below {PLATEAU_END - RAMP_START:.0%} of --duration",
+            ),
+            "--memory": (self.memory in MEMORY_SETTINGS, self.memory, " or ".join(MEMORY_SETTINGS)),
+            "--max-num-seqs": (1 <= self.max_num_seqs <= 1024, self.max_num_seqs, "1 to 1024"),
         }
         for flag, (ok, value, accepted) in checks.items():
             if not ok:
@@ -101,17 +133,31 @@ class OverloadScenario:
         }
         return cls(**(sizes | overrides))
 
-    def sim_settings(self, oom_mode: str) -> SimSettings:
+    @property
+    def oom_mode(self) -> str:
+        """What the systems' simulators do when the KV cache runs out: crash (tight) or preempt (ample)."""
+        return "crash" if self.memory == "tight" else "preempt"
+
+    def sim_settings(self, oom_mode: str | None = None, scheduling_policy: str = "fcfs") -> SimSettings:
+        """The simulator flags of this run; `oom_mode` None is the memory setting's own mode."""
         return SimSettings(
             time_scale=self.time_scale,
-            kv_blocks=self.kv_blocks,
-            oom_mode=oom_mode,
+            kv_blocks=self.kv_blocks if self.memory == "tight" else ample_kv_blocks(),
+            max_num_seqs=self.max_num_seqs,
+            oom_mode=oom_mode or self.oom_mode,
             oom_recovery_s=self.oom_recovery_s,
+            scheduling_policy=scheduling_policy,
             seed=self.seed,
         )
 
     def profile(self) -> LoadProfile:
-        return LoadProfile.surge(self.duration_s, self.surge_load, self.normal_load)
+        if self.ramp_s is None:
+            return LoadProfile.surge(self.duration_s, self.surge_load, self.normal_load)
+        d, ramp = self.duration_s, max(self.ramp_s, STEP_S)
+        marks = (0.0, RAMP_START * d, RAMP_START * d + ramp, PLATEAU_END * d, PLATEAU_END * d + ramp, d)
+        loads = (self.normal_load, self.normal_load, self.surge_load, self.surge_load, self.normal_load)
+        points = [LoadPoint(at, load) for at, load in zip(marks, (*loads, self.normal_load), strict=True)]
+        return LoadProfile(tuple(points))
 
     def workload(self, capacity_tickets_per_s: float) -> WorkloadSpec:
         return WorkloadSpec(
@@ -127,6 +173,12 @@ class OverloadScenario:
         profile = self.profile()
         at_peak = [point.at for point in profile.points if point.load == profile.peak]
         return at_peak[0], at_peak[-1]
+
+
+def ample_kv_blocks() -> int:
+    """The simulated GPU's own KV cache, sized as vLLM sizes it (not every block that would fit: a
+    KV cache that fills the GPU leaves tidegate's worker no free memory to size its batch by)."""
+    return SimSettings().config().kv_blocks
 
 
 def split_by_branch(

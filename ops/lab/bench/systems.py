@@ -1,9 +1,10 @@
 """One system under the overload workload: tidegate's real processes, or the seed's FIFO baseline.
 
-Each run starts its own simulators in crash-on-OOM mode, plays the plan, samples a timeline, meters
-CPU, reads the simulators' counters before and after, and closes its books; what comes back is a
-`SystemRun`, the raw material of the figures. Whatever happens, the processes it started are stopped
-and, on a Redis shared with others, the keys it created are deleted.
+Each run starts its own simulators in the memory setting's mode (crash-on-OOM when tight), plays the
+plan, samples a timeline, meters CPU, reads the simulators' counters before and after, and closes its
+books; what comes back is a `SystemRun`, the raw material of the figures (the peer arms' runs are in
+`peer_runs.py`). Whatever happens, the processes it started are stopped and, on a Redis shared with
+others, the keys it created are deleted.
 """
 
 from __future__ import annotations
@@ -63,6 +64,10 @@ class SystemRun:
     cpu_cores: dict[str, float]
     notes: list[str] = field(default_factory=list)
     redis_memory: dict[str, float] = field(default_factory=dict)
+    shed_codes: dict[str, dict[str, int]] = field(default_factory=dict)
+    """type -> code -> submissions shed or ended unanswered with that code ("429", "expired", ...)."""
+    harness: dict[str, object] = field(default_factory=dict)
+    """What the load generator says about itself (send lag), to show it was not the bottleneck."""
 
 
 def start_simulators(
@@ -121,11 +126,11 @@ class SystemRunner:
             queue_name=queue_name,
             run_dir=self.setup.results_dir / "tidegate",
             gpus=s.gpus,
-            sim=s.sim_settings("crash"),
+            sim=s.sim_settings(),
             worker=WorkerSettings(extra_args=s.worker_args),
         )
         self.setup.progress(
-            f"tidegate: starting {s.gpus} simulator(s) in crash-on-OOM mode, worker(s), monitor, API"
+            f"tidegate: starting {s.gpus} simulator(s) in {s.oom_mode} mode, worker(s), monitor, API"
         )
         try:
             with Stack(config) as stack:
@@ -150,7 +155,7 @@ class SystemRunner:
             sample = take_sample(queue, self.setup.policy, 0.0)
             return SystemState(sample.depth, sample.inflight, int(AlarmLevel.parse(sample.level)))
 
-        before = _counters(stack.vllm_urls)
+        before = read_counters(stack.vllm_urls)
         timeline = Timeline(probe, stack.vllm_urls, s.sample_interval_s)
         cpu = CpuMeter(
             {child.name: child.pid for child in stack.children if child.pid} | {"harness": os.getpid()}
@@ -163,13 +168,13 @@ class SystemRunner:
         for player in players:
             player.start()
         started_at = min(player.started_at for player in players)
-        self._watch("tidegate", timeline, lambda: all(p.wait(0) for p in players), t0)
+        watch(self.setup.progress, "tidegate", timeline, lambda: all(p.wait(0) for p in players), t0)
         for player in players:
             player.close()
         samples = timeline.stop()
         cores = cpu.stop()
         memory.stop()
-        after = _counters(stack.vllm_urls)
+        after = read_counters(stack.vllm_urls)
         records = sorted((r for p in players for r in p.snapshot()), key=lambda r: r.index)
         redis_memory = memory_figures(memory, stack.redis, queue.keys, records)
         counts_now = queue.stats().counts
@@ -205,6 +210,11 @@ class SystemRunner:
             cores,
             notes,
             redis_memory,
+            shed_codes={
+                t: {"429/degraded": sum(r.rejections for r in records if r.type == t)}
+                | unanswered_codes([r for r in records if r.type == t])
+                for t in self.setup.types
+            },
         )
 
     def _players(self, stack: Stack, plan: Sequence[PlannedArrival]) -> list[TrafficPlayer]:
@@ -236,13 +246,11 @@ class SystemRunner:
     def baseline(self, plan: Sequence[PlannedArrival]) -> SystemRun:
         s = self.setup.scenario
         self.setup.progress(
-            f"baseline: {s.gpus} simulator(s) in crash-on-OOM mode behind a Redis LIST with "
+            f"fifo: {s.gpus} simulator(s) in {s.oom_mode} mode behind a Redis LIST with "
             f"{s.baseline_concurrency} consumers per GPU, no admission control"
         )
         with ExitStack() as cleanup:
-            sims = start_simulators(
-                s.sim_settings("crash"), s.gpus, self.setup.results_dir / "baseline", "sim"
-            )
+            sims = start_simulators(s.sim_settings(), s.gpus, self.setup.results_dir / "fifo", "sim")
             for child, _ in sims:
                 cleanup.callback(child.stop, 5.0)
             urls = [url for _, url in sims]
@@ -264,7 +272,7 @@ class SystemRunner:
             def probe() -> SystemState:
                 return SystemState(player.depth(), player.inflight(), None)
 
-            before = _counters(urls)
+            before = read_counters(urls)
             timeline = Timeline(probe, urls, s.sample_interval_s)
             cpu = CpuMeter(
                 {child.name: child.pid for child, _ in sims if child.pid} | {"harness": os.getpid()}
@@ -274,12 +282,12 @@ class SystemRunner:
             cpu.start()
             player.start()
             try:
-                self._watch("baseline", timeline, lambda: player.wait(0), t0)
+                watch(self.setup.progress, "fifo", timeline, lambda: player.wait(0), t0)
             finally:
                 player.stop()
                 samples = timeline.stop()
                 cores = cpu.stop()
-                after = _counters(urls)
+                after = read_counters(urls)
                 for child, _ in sims:  # in-hand requests fail at once instead of running on
                     child.stop(5.0)
                 player.close()
@@ -295,26 +303,48 @@ class SystemRunner:
         tokens = {index: prompt + completion for index, (prompt, completion) in player.usage.items()}
         notes = [f"{player.baseline.requests_sent} requests sent to the model servers"]
         return SystemRun(
-            "baseline", records, samples, player.started_at, tokens, books, after.since(before), cores, notes
+            "fifo",
+            records,
+            samples,
+            player.started_at,
+            tokens,
+            books,
+            after.since(before),
+            cores,
+            notes,
+            shed_codes={t: unanswered_codes([r for r in records if r.type == t]) for t in self.setup.types},
         )
 
-    def _watch(self, name: str, timeline: Timeline, finished: Callable[[], bool], t0: float) -> None:
-        next_line = PROGRESS_EVERY_S
-        while not finished():
-            time.sleep(0.5)
-            elapsed = time.monotonic() - t0
-            if elapsed >= next_line and timeline.samples:
-                last = timeline.samples[-1]
-                level = "-" if last.alarm_level is None else AlarmLevel(last.alarm_level).label
-                self.setup.progress(
-                    f"{name} {elapsed:5.0f} s: queued {last.depth}, in flight {last.inflight}, alarm {level}, "
-                    f"KV {last.kv_usage_max if last.kv_usage_max is not None else '-'}, "
-                    f"OOM crashes {last.oom_crashes}"
-                )
-                next_line += PROGRESS_EVERY_S
+
+def unanswered_codes(records: Sequence[TicketRecord]) -> dict[str, int]:
+    """Requests that ended without an answer by their final outcome (expired, failed, cancelled)."""
+    counts: dict[str, int] = {}
+    for record in records:
+        if record.outcome in ("expired", "failed", "cancelled"):
+            counts[record.outcome] = counts.get(record.outcome, 0) + 1
+    return counts
 
 
-def _counters(urls: Sequence[str]) -> SimCounters:
+def watch(
+    progress: Callable[[str], None], name: str, timeline: Timeline, finished: Callable[[], bool], t0: float
+) -> None:
+    """Wait for `finished`, printing the last sample every `PROGRESS_EVERY_S` seconds."""
+    next_line = PROGRESS_EVERY_S
+    while not finished():
+        time.sleep(0.5)
+        elapsed = time.monotonic() - t0
+        if elapsed >= next_line and timeline.samples:
+            last = timeline.samples[-1]
+            level = "-" if last.alarm_level is None else AlarmLevel(last.alarm_level).label
+            progress(
+                f"{name} {elapsed:5.0f} s: queued {last.depth}, in flight {last.inflight}, alarm {level}, "
+                f"KV {last.kv_usage_max if last.kv_usage_max is not None else '-'}, "
+                f"OOM crashes {last.oom_crashes}"
+            )
+            next_line += PROGRESS_EVERY_S
+
+
+def read_counters(urls: Sequence[str]) -> SimCounters:
     counters = sum_counters(urls)
     if counters is None:
         raise OverloadError(f"cannot read the simulators' /metrics at {', '.join(urls)}")

@@ -23,7 +23,7 @@ def test_quick_overload_keeps_the_books_and_tidegate_never_crashes_a_gpu(
     results = tmp_path / "overload"
     # The FIFO baseline does not depend on how tidegate's branches call it: it runs once, beside
     # the tickets client, and the openai run leaves it out (a duplicated minute of CI).
-    expected = {"tidegate", "baseline"} if client == "tickets" else {"tidegate"}
+    expected = {"tidegate", "fifo"} if client == "tickets" else {"tidegate"}
     baseline = [] if client == "tickets" else ["--no-baseline"]
     env = os.environ | {"TIDEGATE_REDIS_URL": redis_url, "PYTHONUNBUFFERED": "1"}
     command = [sys.executable, "-c", "from tidegate.cli import main; main()", "bench", "overload", "--quick"]

@@ -9,7 +9,7 @@ from rich.console import Console
 
 from ops.lab.bench.figures import Books, SystemFigures, system_figures
 from ops.lab.bench.plot import PlotSeries, plot_runs
-from ops.lab.bench.report import comparison_table, summary_line, verdict_lines
+from ops.lab.bench.report import arms_table, comparison_table, per_class_table, summary_line, verdict_lines
 from ops.lab.bench.timeline import Sample
 from ops.lab.traffic.accounting import Ledger
 from ops.lab.traffic.records import TicketRecord
@@ -144,3 +144,33 @@ def test_the_plot_is_a_png_with_a_column_per_system(tmp_path: Path) -> None:
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     assert len(data) > 20_000
+
+
+def test_every_arm_gets_a_row_per_class_with_its_shed_codes_and_goodput_beside_the_shed_rate() -> None:
+    ours, recs = figures("tidegate", 0)
+    codes = {"loan_approval": {"429 scheduler_queue_full": 3}, "complaint": {"expired": 4, "503": 0}}
+    smg = system_figures(
+        "smg",
+        TYPES,
+        SLO,
+        recs,
+        books=ours.books,
+        oom_crashes=0,
+        preemptions=0,
+        goodput_tokens_per_s=1000.0,
+        slo_goodput_tokens_per_s=900.0,
+        capacity_tokens_per_s=2000.0,
+        cpu_cores={"smg": 0.3, "harness": 0.1},
+        shed_codes=codes,
+    )
+    assert smg.rows["complaint"].shed == {"expired": 4}  # a zero count is left out
+    assert smg.rows["all"].shed == {"429 scheduler_queue_full": 3, "expired": 4}
+    assert smg.shed_rate == round(1 - smg.rows["all"].done / smg.rows["all"].offered, 4) > 0
+    console = Console(width=240, record=True)
+    console.print(per_class_table([ours, smg], TYPES, "side by side"))
+    console.print(arms_table([ours, smg]))
+    text = console.export_text()
+    rows = [line for line in text.splitlines() if " smg " in line]
+    assert len(rows) == len(TYPES) + 2  # a row per class and "all", and one in the per-arm table
+    assert "429 scheduler_queue_full 3" in text and "expired 4" in text
+    assert "45%" in text and "smg 0.30, harness 0.10" in text  # SLO goodput 900 / 2000

@@ -38,3 +38,34 @@ def test_each_branch_retries_one_way_and_the_split_is_seeded() -> None:
     assert split_by_branch(plan, 0.5, seed=7) == (honouring, fixed)
     everyone, nobody = split_by_branch(plan, 1.0, seed=7)
     assert len(everyone) == len(plan) and nobody == []
+
+
+def test_a_ramp_of_zero_is_a_step_and_the_plateau_keeps_its_end() -> None:
+    step = OverloadScenario(duration_s=100, ramp_s=0, surge_load=3.0)
+    profile = step.profile()
+    assert profile.load_at(21.9) == step.normal_load and profile.load_at(22.01) == 3.0
+    assert step.surge_window()[0] == pytest.approx(22.0, abs=0.01) and step.surge_window()[1] == 62.0
+    ramped = OverloadScenario(duration_s=100, ramp_s=10)
+    assert ramped.profile().load_at(27) == pytest.approx((ramped.normal_load + ramped.surge_load) / 2)
+    built_in = OverloadScenario(ramp_s=12).profile()
+    default = OverloadScenario().profile()
+    assert [(round(p.at, 6), p.load) for p in built_in.points] == [
+        (round(p.at, 6), p.load) for p in default.points
+    ]
+    with pytest.raises(ValueError, match=r"--ramp=40 is not accepted"):
+        OverloadScenario(duration_s=100, ramp_s=40)
+
+
+def test_memory_settings_and_arms_are_checked_and_set_the_simulators() -> None:
+    tight, ample = OverloadScenario(), OverloadScenario(memory="ample")
+    assert (tight.oom_mode, tight.sim_settings().kv_blocks) == ("crash", tight.kv_blocks)
+    assert ample.oom_mode == "preempt" and ample.sim_settings().kv_blocks > 3 * tight.kv_blocks
+    ample.sim_settings().config()  # the simulator accepts it: the blocks fit beside the model
+    assert OverloadScenario().sim_settings(scheduling_policy="priority").scheduling_policy == "priority"
+    assert tight.sim_settings().max_num_seqs == ample.sim_settings().max_num_seqs == 32
+    with pytest.raises(ValueError, match=r"--memory=huge is not accepted; use tight or ample"):
+        OverloadScenario(memory="huge")
+    with pytest.raises(ValueError, match=r"--system=tidegate,vllm is not accepted"):
+        OverloadScenario(systems=("tidegate", "vllm"))
+    with pytest.raises(ValueError, match=r"--system=smg,smg is not accepted"):
+        OverloadScenario(systems=("smg", "smg"))
