@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 
 from ops.monitor.dispatch import ACTIONS_QUEUE, CALLBACKS_QUEUE
-from shared.config import Settings
 from tests.deploy.deploy_files import (
     CLI_COMMANDS,
     COMPOSE_FILE,
@@ -30,9 +29,11 @@ from tests.deploy.deploy_files import (
     vllm_flags,
 )
 from tests.deploy.test_vllm_flags import REQUIRED_VLLM_FLAGS
+from worker.config import WorkerConfig
 
 TIDEGATE_IMAGE = "${TIDEGATE_IMAGE:-tidegate:latest}"
-SETTINGS_ENV = frozenset(f"TIDEGATE_{name.upper()}" for name in Settings.model_fields)
+SETTINGS_ENV = frozenset(f"TIDEGATE_{name.upper()}" for name in WorkerConfig.model_fields)
+"""Every variable a process reads: the worker's settings extend the shared ones."""
 GPU_WORKERS = ("worker-gpu0", "worker-gpu1")
 SIM_WORKERS = ("worker-sim0", "worker-sim1")
 RQ_QUEUES = (ACTIONS_QUEUE, CALLBACKS_QUEUE)
@@ -135,7 +136,7 @@ def test_environment_names_are_settings() -> None:
         for key in svc.get("environment") or {}:
             if key.startswith("TIDEGATE_"):
                 assert key in SETTINGS_ENV, (
-                    f"{name} sets {key}; shared.config.Settings reads {sorted(SETTINGS_ENV)}"
+                    f"{name} sets {key}; the settings read {sorted(SETTINGS_ENV)}"
                 )
 
 
@@ -166,7 +167,7 @@ def test_vllm_runs_with_the_engine_flags_the_worker_sizes_for() -> None:
         missing = [flag for flag in REQUIRED_VLLM_FLAGS if flag not in flags]
         assert not missing, f"{name} lacks {missing}"
         assert flags["--scheduling-policy"] == "priority"
-        assert 1 <= int(flags["--max-num-seqs"] or 0) <= Settings.model_fields["max_batch"].default
+        assert 1 <= int(flags["--max-num-seqs"] or 0) <= WorkerConfig.model_fields["max_batch"].default
         assert 0 < float(flags["--gpu-memory-utilization"] or 0) < 1
 
 

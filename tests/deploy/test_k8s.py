@@ -17,7 +17,6 @@ import pytest
 import yaml
 
 from ops.monitor.dispatch import ACTIONS_QUEUE, CALLBACKS_QUEUE
-from shared.config import Settings
 from tests.deploy.deploy_files import (
     CLI_COMMANDS,
     K8S_DIR,
@@ -29,12 +28,14 @@ from tests.deploy.deploy_files import (
     policy_thresholds,
     unknown_metrics,
 )
+from worker.config import WorkerConfig
 
 ALERTS = PROMETHEUS_DIR / "alerts.yml"
 KUBERNETES_VERSION = "1.30"  # the oldest release the base is meant to apply to
 DRA_KUBERNETES_VERSION = "1.34"  # resource.k8s.io/v1, which the shared-GPU overlay needs
 needs_kubectl = pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not installed")
-SETTINGS_ENV = frozenset(f"TIDEGATE_{name.upper()}" for name in Settings.model_fields)
+SETTINGS_ENV = frozenset(f"TIDEGATE_{name.upper()}" for name in WorkerConfig.model_fields)
+"""Every variable a process reads: the worker's settings extend the shared ones."""
 OPERATOR_GROUPS = ("keda.sh/", "monitoring.coreos.com/")
 """Custom resources (KEDA, Prometheus operator) whose CRD schemas are not at hand: checked by structure."""
 MANIFESTS = sorted(path for path in K8S_DIR.glob("*.yaml") if path.name != "kustomization.yaml")
