@@ -135,9 +135,7 @@ def test_environment_names_are_settings() -> None:
     for name, svc in compose_services().items():
         for key in svc.get("environment") or {}:
             if key.startswith("TIDEGATE_"):
-                assert key in SETTINGS_ENV, (
-                    f"{name} sets {key}; the settings read {sorted(SETTINGS_ENV)}"
-                )
+                assert key in SETTINGS_ENV, f"{name} sets {key}; the settings read {sorted(SETTINGS_ENV)}"
 
 
 def test_redis_is_persistent_and_password_protected() -> None:

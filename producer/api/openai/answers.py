@@ -161,23 +161,16 @@ def streamed_answer(
     """The streamed answer: SSE chunks as tokens arrive, then the finish, usage and [DONE]."""
 
     async def answer(send: Send) -> None:
-        started = False
-
-        async def start() -> None:
-            # Sent with the first event, not before: by then the ticket has started (or ended), so
-            # the headers can say how long it was queued.
-            nonlocal started
-            if started:
-                return
-            started = True
-            headers = [*SSE_HEADERS, (TICKET_HEADER.lower().encode(), shape.ticket_id.encode())]
-            queue_ms = await wait.queue_ms()
-            if queue_ms is not None:
-                headers.append((QUEUE_MS_HEADER.lower().encode(), str(queue_ms).encode()))
-            await send({"type": "http.response.start", "status": 200, "headers": headers})
+        # Sent at once, as an OpenAI server does: the caller learns its ticket id while it is still
+        # queued, and can close the stream to cancel it. The queue time is there only when the
+        # ticket has already started; `GET /v1/tickets/{id}` always carries it once started.
+        headers = [*SSE_HEADERS, (TICKET_HEADER.lower().encode(), shape.ticket_id.encode())]
+        queue_ms = await wait.queue_ms()
+        if queue_ms is not None:
+            headers.append((QUEUE_MS_HEADER.lower().encode(), str(queue_ms).encode()))
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
 
         async def emit(payload: bytes) -> None:
-            await start()
             await send({"type": "http.response.body", "body": payload, "more_body": True})
 
         relayed: list[str] = []
@@ -203,7 +196,6 @@ def streamed_answer(
                 break
             elif isinstance(event, Ending):
                 await _finish_stream(call, shape, event, "".join(relayed), emit, cancel)
-        await start()
         await send({"type": "http.response.body", "body": DONE_EVENT, "more_body": False})
 
     return answer

@@ -99,14 +99,12 @@ def test_chat_stream_with_usage_relays_every_token_then_done(
         stream_options={"include_usage": True},
     ) as raw:
         ticket_id = raw.headers.get("x-tidegate-ticket-id")
-        queue_ms = raw.headers.get("x-tidegate-queue-ms")
         chunks = list(raw.parse())
     texts = [c.choices[0].delta.content or "" for c in chunks if c.choices]
     assert len([t for t in texts if t]) > 1, "the answer came in one piece, not streamed"
     ticket = _ticket(gateway, ticket_id)
     assert "".join(texts) == ticket.result
-    assert ticket.queue_wait_seconds is not None and queue_ms is not None
-    assert int(queue_ms) == max(round(ticket.queue_wait_seconds * 1000), 0)  # sent once it started
+    assert ticket.queue_wait_seconds is not None  # a stream's headers left before it started
     assert chunks[0].choices[0].delta.role == "assistant"
     finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     assert finishes == [ticket.usage["finish_reason"]]  # type: ignore[index]
