@@ -71,6 +71,7 @@ class ArmClient:
         rollout: RolloutState,
         rescue: VllmClient | None = None,
         probe: bool = False,
+        shadowed: bool = True,
     ) -> None:
         self.router = router
         self.client = client
@@ -81,6 +82,8 @@ class ArmClient:
         """The endpoint whose outcome the breaker counts: the primary once it rescued the call."""
         self.probe = probe
         """This call is the candidate's half-open probe (until the primary rescues it)."""
+        self.shadowed = shadowed
+        """A primary answer may be shadowed; not a rescue, whose ticket the candidate already failed."""
 
     @property
     def base_url(self) -> str:
@@ -113,10 +116,10 @@ class ArmClient:
             # The executor counts only the rescuer's outcome, so the candidate's failure is counted here.
             self.router.candidate_breaker.record(self.client, False, probe=self.probe)
             self.answered_by, self.probe = self.rescue, False
-            primary = ArmClient(self.router, self.rescue, "primary", self.rollout)
+            primary = ArmClient(self.router, self.rescue, "primary", self.rollout, shadowed=False)
             return primary.run(ticket, max_tokens=max_tokens, handle=handle, on_text=on_text)
         self.router.record(self.rollout, self.arm, "ok", completion.ttft_seconds)
-        if self.arm == "primary":
+        if self.arm == "primary" and self.shadowed:
             self.router.shadow.offer(self.rollout, ticket, completion, max_tokens)
         return completion
 
