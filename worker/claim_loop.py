@@ -137,7 +137,8 @@ class ClaimLoop:
             normal_prompt_first_over=shares.normal_prompt_first_over,
         )
         if claimed:
-            self._start_all(claimed)
+            if not self._start_all(claimed) and self._probe and self.endpoints is not None:
+                self.endpoints.release_probe(self._probe)  # it was too late to probe with
             return False
         if self._probe and self.endpoints is not None:
             self.endpoints.release_probe(self._probe)  # nothing to probe with: let the next claimer try
@@ -159,8 +160,12 @@ class ClaimLoop:
         self.preemptor.make_room()
         self.inflight.wait_for_departure(min(PREEMPT_CHECK_SECONDS, self.block_seconds))
 
-    def _start_all(self, claimed: list[ClaimedTicket]) -> None:
+    def _start_all(self, claimed: list[ClaimedTicket]) -> bool:
+        """Start what may still start; False when none did (each was past its deadline), so a
+        half-open probe taken for them goes back to the next claimer instead of waiting for a call
+        that never comes."""
         now = clock.now()
+        started = False
         for item in claimed:
             self.claimed_total += 1
             if self.start_rule is not None and self.start_rule.too_late(item.ticket, now):
@@ -179,6 +184,8 @@ class ClaimLoop:
             self.sizer.observe(item.ticket.cost_tokens)
             telemetry.observe_claim(item.ticket)
             self.start(running)
+            started = True
+        return started
 
     def _idle(self, running: int, budget: int | None) -> bool:
         """Nothing was claimed: wait for work, or for room when the budget held tickets back."""

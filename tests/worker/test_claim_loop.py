@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -18,7 +19,9 @@ from shared.submission import Submission
 from tests.fake_clock import FakeClock
 from worker.breaker_gate import Gate
 from worker.claim_loop import ClaimLoop
+from worker.deadlines import StartRule
 from worker.inflight import InFlight, RunningTicket
+from worker.queue_endpoints import QueueEndpoint, QueueEndpoints
 from worker.vllm_health import VllmHealth
 
 POLICY = load_policy()
@@ -108,9 +111,19 @@ class FakeGate:
         self.released += 1
 
 
+def endpoints_of(gate: FakeGate, queue: FakeQueue) -> QueueEndpoints:
+    """The real per-queue view over one queue whose breaker gate is `gate`."""
+    one = SimpleNamespace(keys=QueueKeys("claim-loop-unit"))
+    return QueueEndpoints(queue, [QueueEndpoint(one, gate, None)])  # type: ignore[arg-type]
+
+
 class FakeWriter:
     def __init__(self) -> None:
         self.given_back: list[str] = []
+        self.too_late: list[str] = []
+
+    def deadline_passed(self, item: ClaimedTicket, reason: str) -> None:
+        self.too_late.append(item.ticket.id)
 
     def give_back(self, running: RunningTicket, reason: str) -> None:
         self.given_back.append(running.id)
@@ -132,7 +145,12 @@ def fake_clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
 
 
 def make_loop(
-    *, limit: int = 4, budget: int | None = None, gate: FakeGate | None = None, burst: bool = False
+    *,
+    limit: int = 4,
+    budget: int | None = None,
+    gate: FakeGate | None = None,
+    burst: bool = False,
+    start_rule: StartRule | None = None,
 ) -> Loop:
     queue, inflight, writer = FakeQueue(), InFlight(), FakeWriter()
     started: list[RunningTicket] = []
@@ -151,7 +169,8 @@ def make_loop(
         block_seconds=BLOCK_SECONDS,
         burst=burst,
         limits=FakeLimits(limit),  # type: ignore[arg-type]
-        breakers=gate,  # type: ignore[arg-type]
+        endpoints=None if gate is None else endpoints_of(gate, queue),
+        start_rule=start_rule,
     )
     return Loop(loop, queue, inflight, started, writer, health)
 
@@ -221,6 +240,18 @@ def test_half_open_a_worker_that_loses_the_probe_claims_nothing(fake_clock: Fake
     run.queue.ready = [claimed()]
     run.loop._step()
     assert run.queue.claims == []
+
+
+def test_a_probe_ticket_past_its_deadline_is_ended_and_the_probe_given_back(fake_clock: FakeClock) -> None:
+    gate = FakeGate(Gate.PROBE, probe=True)
+    run = make_loop(gate=gate, start_rule=StartRule(frozenset({"loan_approval"}), service_seconds=0.25))
+    late = claimed()
+    assert late.ticket.deadline is not None
+    fake_clock.advance(late.ticket.deadline - fake_clock.at)  # due now: less than the least service
+    run.queue.ready = [late]
+    run.loop._step()
+    assert run.writer.too_late == [late.ticket.id] and run.started == []
+    assert gate.released == 1, "no call will judge the circuit: the next claimer probes"
 
 
 def test_a_probe_with_nothing_to_send_is_given_back(fake_clock: FakeClock) -> None:
