@@ -29,6 +29,7 @@ from tests.producer.api.server import serve
 from tests.waiting import wait_until
 from tests.worker.conftest import RunningWorker
 from worker.config import WorkerConfig
+from worker.deadlines import DEADLINE_PASSED
 from worker.gpu_memory import make_provider
 from worker.worker import Worker
 
@@ -166,14 +167,22 @@ def _stall_scenario(
         wait_until(lambda: _call(branch, base, _routes(ids[0])[0])[0] == 200, 10, "healthz after the stall")
         ids.append(branch.post(base + "/v1/tickets", json=_body(200), timeout=10).json()["id"])
         queue = TicketQueue(client, fast_policy, queue_name)
-        wait_until(
-            lambda: all(t is not None and t.status is TicketStatus.DONE for t in queue.get_many(ids)),
+        tickets = wait_until(
+            lambda: (
+                (ts := queue.get_many(ids)) and all(t is not None and t.status.terminal for t in ts) and ts
+            ),
             60,
-            "every ticket done after the stall",
+            "every ticket ended after the stall",
             interval=0.2,
         )
+        # Done, or (queued through a stall longer than the type's SLO) ended unstarted, its deadline gone.
+        done = [t for t in tickets if t and t.status is TicketStatus.DONE]
+        late = [t for t in tickets if t and t.status is TicketStatus.EXPIRED]
+        assert len(done) + len(late) == len(ids), [(t.status, t.error) for t in tickets if t]
+        assert all((t.error or "").startswith(DEADLINE_PASSED) for t in late), [t.error for t in late]
+        assert tickets[-1] and tickets[-1].status is TicketStatus.DONE, "the ticket sent after the stall"
         counts = queue.stats().counts
-        assert counts["complaint:done"] == len(ids)
+        assert counts["complaint:done"] == len(done)
         assert queue.stats().inflight == 0
     worker.stop()
     assert not [t for t in threading.enumerate() if t.name.startswith("ticket")], "a ticket thread is stuck"
