@@ -27,9 +27,9 @@ from ops.lab.bench.timeline import SystemState, Timeline
 from ops.lab.traffic.accounting import Ledger
 from ops.lab.traffic.records import OUTCOMES
 from ops.lab.traffic.workload import PlannedArrival
-from shared.config import Settings
 from shared.policy import Policy
 from shared.scoring import effective_priority
+from worker.config import WorkerConfig
 
 PRIORITY_STEPS = 100
 """vLLM's `priority` is an integer: tidegate's fractional priority times this keeps its order."""
@@ -48,7 +48,7 @@ def engine_priority(policy: Policy, arrival: PlannedArrival) -> int:
 
 def worker_batch() -> int:
     """The batch tidegate's worker keeps in flight by default: SMG gets the same slots per GPU."""
-    return int(Settings.model_fields["max_batch"].default)
+    return int(WorkerConfig.model_fields["max_batch"].default)
 
 
 class PeerRunner:

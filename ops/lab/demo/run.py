@@ -33,7 +33,7 @@ from ops.lab.traffic.player import PlayerSettings, RetryPolicy, TrafficPlayer
 from ops.lab.traffic.records import TicketRecord
 from ops.lab.traffic.timeseries import Recorder
 from ops.lab.traffic.workload import plan_arrivals, summarize
-from shared.keys import QueueKeys
+from shared.keys import KNOWN_QUEUES, QueueKeys
 from shared.policy import Policy
 
 EXIT_OK = 0
@@ -66,6 +66,7 @@ def delete_queue_keys(client: Redis, queue_name: str) -> int:
     keys = [key for pattern in patterns for key in client.scan_iter(match=pattern, count=1000)]
     for start in range(0, len(keys), 500):
         client.delete(*keys[start : start + 500])
+    client.srem(KNOWN_QUEUES, queue_name)  # the set goes too once no other queue is in it
     return len(keys)
 
 
