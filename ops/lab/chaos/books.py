@@ -8,6 +8,7 @@ from typing import cast
 from redis import Redis
 
 from shared.keys import QueueKeys
+from shared.rejected import slot as rejected_slot
 
 TERMINAL = {"done", "failed", "expired", "cancelled", "rejected"}
 
@@ -49,7 +50,8 @@ def stored_ticket_ids(redis: Redis, keys: QueueKeys) -> set[str]:
     (a submit that reached a stalled Redis may still run when it resumes)."""
     prefix = keys.ticket_prefix
     pattern = prefix.replace("[", "\\[").replace("]", "\\]") + "*"
-    return {key[len(prefix) :] for key in redis.scan_iter(match=pattern, count=1000)}
+    ids = {key[len(prefix) :] for key in redis.scan_iter(match=pattern, count=1000)}
+    return {i for i in ids if not i.startswith("~")}  # "~…" are buckets of rejected records
 
 
 def read_books(redis: Redis, keys: QueueKeys, submitted: list[str]) -> Books:
@@ -58,13 +60,16 @@ def read_books(redis: Redis, keys: QueueKeys, submitted: list[str]) -> Books:
     pipe = redis.pipeline(transaction=True)  # one consistent snapshot
     for ticket_id in ticket_ids:
         pipe.hget(keys.ticket(ticket_id), "status")
+        pipe.hexists(*rejected_slot(keys, ticket_id))  # a rejected record lives in a shared bucket
     pipe.zrange(keys.pending, 0, -1)
     pipe.zrange(keys.delayed, 0, -1)
     pipe.zrange(keys.inflight, 0, -1)
     pipe.hgetall(keys.counts)
     replies = pipe.execute()
-    statuses = cast("list[str | None]", replies[: len(ticket_ids)])
-    pending, delayed, inflight = (set(cast("list[str]", r)) for r in replies[len(ticket_ids) : -1])
+    own = cast("list[str | None]", replies[0 : 2 * len(ticket_ids) : 2])
+    bucketed = cast("list[bool]", replies[1 : 2 * len(ticket_ids) : 2])
+    statuses = [status or ("rejected" if held else None) for status, held in zip(own, bucketed, strict=True)]
+    pending, delayed, inflight = (set(cast("list[str]", r)) for r in replies[2 * len(ticket_ids) : -1])
     counts = cast("dict[str, str]", replies[-1])
     books = Books()
     for ticket_id, status in zip(ticket_ids, statuses, strict=True):
