@@ -48,7 +48,9 @@ def test_slower_tokens_in_a_fuller_batch_lower_the_limit_and_faster_ones_raise_i
     one_at_a_time(fast_queue, 6)  # the baseline: one ticket at a time
     assert limits.adaptive_limit == MAX_BATCH
     ids = submit_many(producer_for(fast_queue), 48, max_tokens=30)
-    wait_until(lambda: (limits.adaptive_limit or MAX_BATCH) < MAX_BATCH, 60, "the limit to come down", 0.05)
+    wait_until(
+        lambda: (limits.adaptive_limit or MAX_BATCH) < MAX_BATCH, 60, "the limit to come down", interval=0.05
+    )
     lowered = limits.adaptive_limit
     assert lowered is not None and limits.limit <= lowered
     registry_key = fast_queue.keys.worker(running.worker.config.worker_id)
