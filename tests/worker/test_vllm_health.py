@@ -31,7 +31,7 @@ def test_failures_during_a_pause_are_one_outage(fake_clock: FakeClock) -> None:
     health = VllmHealth(base_seconds=1.0, max_seconds=8.0)
     first = health.failure()
     for _ in range(5):  # the rest of the batch fails with the same crash
-        assert health.failure() <= first
+        assert health.failure() <= first + 1e-6  # the pause left, read at a large clock value
     assert health.consecutive_failures == 1
 
 

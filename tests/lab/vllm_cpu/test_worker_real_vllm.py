@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import cast
 
 import pytest
@@ -29,6 +30,7 @@ from ops.lab.vllm_cpu.paths import model_dir
 from ops.lab.vllm_cpu.server import VllmCpuServer
 from producer.producer import Producer
 from shared.models import TicketStatus
+from shared.policy import parse_policy
 from shared.queue import TicketQueue
 from tests.lab.vllm_cpu.conftest import BLOCK_TOKENS, KV_BLOCKS
 from tests.waiting import wait_until
@@ -325,6 +327,7 @@ def test_kill_9_mid_batch_loses_nothing_and_doubles_nothing(
     spawn_worker: Callable[..., subprocess.Popen[bytes]],
     redis_client: Redis,
     fast_queue: TicketQueue,
+    fast_policy_file: Path,
 ) -> None:
     # 600-token answers take vLLM-CPU ten seconds or more; the kill lands as soon as the victim's
     # first request generates, so whatever it holds then is young. How many it holds is not fixed:
@@ -332,7 +335,14 @@ def test_kill_9_mid_batch_loses_nothing_and_doubles_nothing(
     # answer early, after which the victim takes the next ticket; the books below allow for that.
     answer_tokens = 600
     generated_at_start = sim_metric(vllm_url, "vllm:generation_tokens_total")
-    ids = submit_numbered(producer_for(fast_queue), 4, 20, max_tokens=answer_tokens, ttl_seconds=300)
+    # Submitted under a complaint SLO longer than the whole test, so no ticket's deadline passes
+    # while the answers run (a ticket past it would end deadline_passed, not be rescued).
+    patient_text = fast_policy_file.read_text(encoding="utf-8").replace(
+        "slo_seconds = 10", "slo_seconds = 600"
+    )
+    patient = TicketQueue(redis_client, parse_policy(patient_text, "patient"), fast_queue.keys.queue)
+    assert patient.policy.type_policy("complaint").slo_seconds == 600
+    ids = submit_numbered(producer_for(patient), 4, 20, max_tokens=answer_tokens, ttl_seconds=300)
     victim = spawn_worker(
         "--vllm-url",
         vllm_url,
