@@ -28,7 +28,7 @@ from ops.lab.bench.redis_memory import MemoryWatch, memory_figures
 from ops.lab.bench.scenario import OverloadScenario, split_by_branch
 from ops.lab.bench.sim_probe import SimCounters, served_model
 from ops.lab.bench.timeline import Sample, SystemState, Timeline, sum_counters
-from ops.lab.demo.run import delete_queue_keys
+from ops.lab.demo.run import delete_queue_keys, rq_key_prefix
 from ops.lab.procs.children import ChildProcess, child_env
 from ops.lab.procs.ports import free_port, http_ok
 from ops.lab.stack.stack import SimSettings, Stack, StackConfig, WorkerSettings, tidegate_command
@@ -128,6 +128,7 @@ class SystemRunner:
             gpus=s.gpus,
             sim=s.sim_settings(),
             worker=WorkerSettings(extra_args=s.worker_args),
+            env={"RQ_KEY_PREFIX": rq_key_prefix(queue_name)},  # rq's keys go with the queue's at the end
         )
         self.setup.progress(
             f"tidegate: starting {s.gpus} simulator(s) in {s.oom_mode} mode, worker(s), monitor, API"
