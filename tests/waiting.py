@@ -30,7 +30,7 @@ def _poll(
             return value, took
         if took > timeout:
             return None, None
-        time.sleep(interval)
+        time.sleep(interval)  # the poll interval of every wait: the condition is asked again
 
 
 def wait_until(

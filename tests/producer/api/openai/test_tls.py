@@ -7,7 +7,6 @@ import os
 import ssl
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from ops.lab.sim.process import SimulatorProcess
 from producer.api.keys import ApiKeyStore, Role
 from shared.keys import QueueKeys
 from tests.tls_certs import TlsFiles, make_tls_files
+from tests.waiting import wait_until
 
 START_TIMEOUT_S = 30.0
 MESSAGES: list[Any] = [{"role": "user", "content": "Is my loan application complete?"}]
@@ -54,17 +54,15 @@ def https_api(redis_url: str, queue_name: str, fast_policy_file: Path, tls_files
     process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     base_url = f"https://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            try:
-                if httpx.get(base_url + "/livez", verify=_trusting(tls_files), timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                process.kill()
-                raise RuntimeError(f"`tidegate api` over TLS did not start: {process.communicate()[1]}")
-            time.sleep(0.1)
+
+        def answering() -> bool:
+            if process.poll() is not None:
+                raise RuntimeError(f"`tidegate api` over TLS exited: {process.communicate()[1]}")
+            return httpx.get(base_url + "/livez", verify=_trusting(tls_files), timeout=2).status_code == 200
+
+        wait_until(
+            answering, START_TIMEOUT_S, "`tidegate api` to answer over TLS", ignoring=(httpx.TransportError,)
+        )
         yield base_url
     finally:
         process.terminate()
