@@ -70,12 +70,12 @@ def _dash(value: object) -> str:
 def workers_panel(
     workers: Sequence[WorkerFigures],
     gpus: Sequence[str] | None = None,
-    caps: Sequence[int | None] = (),
+    bounds: Sequence[str | None] = (),
     limits: Sequence[int | None] = (),
 ) -> Panel:
     """Batch limit, in flight, KV cache (a bar coloured by how full) and GPU free memory per worker.
 
-    `gpus`, `limits` (the adaptive concurrency limit) and `caps` (the latency guard's cap), when
+    `gpus`, `limits` (the adaptive throttle's limit) and `bounds` (what binds the next claim), when
     given, add their columns.
     """
     table = Table(header_style="bold", expand=False, box=None)
@@ -85,8 +85,8 @@ def workers_panel(
     table.add_column("batch limit", justify="right")
     if limits:
         table.add_column("concurrency limit", justify="right")
-    if caps:
-        table.add_column("concurrency cap", justify="right")
+    if bounds:
+        table.add_column("bound by")
     table.add_column("in flight", justify="right")
     table.add_column("KV cache")
     table.add_column("GPU free", justify="right")
@@ -100,8 +100,8 @@ def workers_panel(
         row.append(_dash(w.batch_limit))
         if limits:
             row.append(_dash(limits[i]))
-        if caps:
-            row.append(_dash(caps[i]))
+        if bounds:
+            row.append(_dash(bounds[i]))
         row += [
             _dash(w.inflight),
             bar(usage, 1.0, width=16, style=style),
@@ -190,7 +190,7 @@ def render_status(doc: dict[str, Any], refreshed_at: float | None = None) -> Gro
     workers = workers_panel(
         rows,
         gpus=[w.gpu for w in rows],
-        caps=[w.concurrency_cap for w in rows],
+        bounds=[w.bound for w in rows],
         limits=[w.concurrency_limit for w in rows],
     )
     transitions = Table("time", "alarm transition", "depth", title="last transitions", title_justify="left")

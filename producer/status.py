@@ -37,7 +37,7 @@ def worker_doc(worker: WorkerView) -> dict[str, Any]:
         "state": worker.state,
         "inflight": worker.inflight,
         "batch_limit": worker.batch_limit,
-        "concurrency_cap": worker.concurrency_cap,
+        "bound": worker.bound,
         "concurrency_limit": worker.concurrency_limit,
         "kv_usage": worker.kv_usage,
         "gpu_free_bytes": worker.gpu_free_bytes,

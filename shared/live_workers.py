@@ -29,11 +29,11 @@ class WorkerView:
     gpu_free_bytes: int | None
     gpu_total_bytes: int | None
     heartbeat_deadline: float
-    concurrency_cap: int | None = None
-    """The latency guard's cap on concurrent non-critical tickets, when one is in force."""
+    bound: str | None = None
+    """What binds the worker's next claim (worker/claim_plan.py `Bound`: kv, adaptive, half_open...)."""
     state: str = ""
     concurrency_limit: int | None = None
-    """The adaptive in-flight limit from per-token latency, when the worker runs one."""
+    """The adaptive throttle's limit on the batch beside critical tickets, while it is in force."""
 
     @property
     def kv_free(self) -> float | None:
@@ -68,7 +68,7 @@ def _view(worker_id: str, deadline: float, raw: dict[str, str]) -> WorkerView:
         gpu_free_bytes=_int(raw, "gpu_free_bytes"),
         gpu_total_bytes=_int(raw, "gpu_total_bytes"),
         heartbeat_deadline=deadline,
-        concurrency_cap=_int(raw, "normal_cap"),
+        bound=raw.get("bound") or None,
         state=raw.get("state", ""),
         concurrency_limit=_int(raw, "concurrency_limit"),
     )

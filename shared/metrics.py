@@ -294,7 +294,7 @@ def _worker_families(workers: list[WorkerView]) -> list[Metric]:
         ("tidegate_worker_inflight", "Tickets the worker is running.", "inflight"),
         (
             "tidegate_concurrency_limit",
-            "In-flight limit the worker's per-token latency allows (adaptive limit).",
+            "In-flight limit the adaptive throttle allows beside critical tickets, while in force.",
             "concurrency_limit",
         ),
     )

@@ -15,6 +15,7 @@ import threading
 from collections import deque
 from dataclasses import dataclass
 
+from worker.claim_plan import Bound
 from worker.vllm_metrics import VllmMetrics
 
 log = logging.getLogger(__name__)
@@ -99,6 +100,7 @@ class SizerDecision:
     kv_usage: float | None
     free_kv_tokens: int | None
     reason: str
+    bound: Bound
 
 
 class BatchSizer:
@@ -138,12 +140,19 @@ class BatchSizer:
         self._kv_capacity_tokens: int | None = None
         self._reserved_at_sample = 0
         self._waiting_streak = 0
+        self._bound = Bound.MAX_BATCH
         self.last: SizerDecision | None = None
 
     @property
     def limit(self) -> int:
         with self._lock:
             return self._limit
+
+    @property
+    def bound(self) -> Bound:
+        """What the limit is bounded by at the last sample."""
+        with self._lock:
+            return self._bound
 
     def observe(self, cost_tokens: int) -> None:
         """Record a claimed ticket's prompt + max_tokens for the running average."""
@@ -198,14 +207,14 @@ class BatchSizer:
             vllm = inputs.vllm
             usage = vllm.kv_usage if vllm is not None else None
             previous = self._limit
-            new, reason = self._next_limit(
+            new, reason, bound = self._next_limit(
                 min(x for x in (mem, kv, self.max_batch) if x is not None), usage, mem, kv
             )
-            self._limit = new
+            self._limit, self._bound = new, bound
             self._free_kv_tokens = vllm.free_kv_tokens if vllm is not None else None
             self._kv_capacity_tokens = vllm.kv_capacity_tokens if vllm is not None else None
             self._reserved_at_sample = inputs.own_reserved_tokens
-            decision = SizerDecision(new, mem, kv, per_ticket, usage, self._free_kv_tokens, reason)
+            decision = SizerDecision(new, mem, kv, per_ticket, usage, self._free_kv_tokens, reason, bound)
             self.last = decision
         if new != previous:
             log.info(
@@ -250,22 +259,27 @@ class BatchSizer:
 
     def _next_limit(
         self, target: int, usage: float | None, mem: int | None, kv: int | None
-    ) -> tuple[int, str]:
-        """The new limit and why: shrink above the KV watermark, grow back gradually after it."""
+    ) -> tuple[int, str, Bound]:
+        """The new limit, why, and its bound: shrink above the KV watermark, grow back gradually."""
         previous = self._limit
         if usage is not None and usage > self.kv_high_watermark:
             self._recovering = True
             reason = f"KV cache {usage:.0%} above the {self.kv_high_watermark:.0%} watermark"
-            return clamp(min(target, int(previous * SHRINK_FACTOR)), self.max_batch), reason
+            new = clamp(min(target, int(previous * SHRINK_FACTOR)), self.max_batch)
+            return new, reason, Bound.KV_WATERMARK
+        name, bound = self._binding(mem, kv)
         if self._recovering and target > previous:
             # Grow back gradually after a shrink, so the limit does not bounce at the watermark.
             new = clamp(min(target, max(previous + 1, int(previous * GROW_FACTOR))), self.max_batch)
             self._recovering = new < target
-            return new, "recovering after KV pressure; " + self._reason(mem, kv)
+            return new, f"recovering after KV pressure; bounded by {name}", Bound.KV_WATERMARK
         self._recovering = False
-        return clamp(target, self.max_batch), self._reason(mem, kv)
+        return clamp(target, self.max_batch), f"bounded by {name}", bound
 
-    def _reason(self, mem: int | None, kv: int | None) -> str:
-        candidates = {"free GPU memory": mem, "free KV cache": kv, "max_batch": self.max_batch}
-        name = min((v, k) for k, v in candidates.items() if v is not None)[1]
-        return f"bounded by {name}"
+    def _binding(self, mem: int | None, kv: int | None) -> tuple[str, Bound]:
+        candidates = {
+            ("free GPU memory", Bound.MEMORY): mem,
+            ("free KV cache", Bound.KV): kv,
+            ("max_batch", Bound.MAX_BATCH): self.max_batch,
+        }
+        return min((v, k) for k, v in candidates.items() if v is not None)[1]

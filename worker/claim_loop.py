@@ -1,14 +1,11 @@
-"""Continuous batching from the queue: keep up to `batch_limit` tickets in flight, refilling as
-each one finishes, so one long ticket never holds a batch of short ones back.
+"""Continuous batching from the queue: keep the batch full, refilling as each ticket finishes, so one
+long ticket never holds a batch of short ones back.
 
-Claims are atomic and in priority order (the claim script), sized by free slots and by a token
-budget so one long ticket counts as many short ones; a share of both is kept for critical types and
-the prefill guard bounds long prompts (`inflight_limit.py` decides it all). At the limit, or with
-no KV budget left for it, a critical ticket at the head of the queue preempts the newest other one
-(`preemption.py`).
-With nothing to claim the loop blocks on the queue's wake list (not polling) for at most `block_seconds` or until the next retry is due;
-with no free slot it waits for a ticket to leave. After a vLLM failure it pauses and then probes
-with a single ticket until vLLM answers again.
+Each step reads a snapshot of the worker's world, asks the claim plan (`claim_plan.py`) what one
+claim may take, and claims it atomically in priority order (the claim script). With no room and a
+critical ticket at the head it preempts the newest other one (`preemption.py`). With nothing to
+claim it blocks on the queue's wake list (not polling) for at most `block_seconds` or until the
+next retry is due; with no free slot it waits for a ticket to leave.
 """
 
 from __future__ import annotations
@@ -24,14 +21,14 @@ from shared import clock
 from shared.queue import ClaimedTicket
 from worker import telemetry
 from worker.batch_sizer import BatchSizer
+from worker.claim_plan import Bound, ClaimPlan, Health, Snapshot, plan_claim
 from worker.deadlines import StartRule
-from worker.headroom import CriticalHeadroom
 from worker.inflight import InFlight, RunningTicket
-from worker.inflight_limit import InflightLimit
 from worker.preemption import Preemptor
-from worker.queue_endpoints import ClaimPlan, QueueEndpoints
+from worker.queue_endpoints import QueueEndpoints, Routes
 from worker.queue_set import Queues, QueueSet
 from worker.result_writer import ResultWriter
+from worker.throttle import Throttle
 from worker.vllm_health import VllmHealth
 
 log = logging.getLogger(__name__)
@@ -57,7 +54,8 @@ class ClaimLoop:
         lease_seconds: float,
         block_seconds: float,
         burst: bool,
-        limits: InflightLimit | None = None,
+        throttle: Throttle | None = None,
+        reserve_share: float = 0.0,
         preemptor: Preemptor | None = None,
         endpoints: QueueEndpoints | None = None,
         start_rule: StartRule | None = None,
@@ -74,7 +72,8 @@ class ClaimLoop:
         self.lease_seconds = lease_seconds
         self.block_seconds = block_seconds
         self.burst = burst
-        self.limits = limits or InflightLimit(sizer=sizer, headroom=CriticalHeadroom(share=0.0))
+        self.throttle = throttle
+        self.reserve_share = reserve_share
         self.preemptor = preemptor
         self.critical = frozenset(queue.policy.critical_types)
         self.start_rule = start_rule
@@ -82,6 +81,8 @@ class ClaimLoop:
         self.claimed_total = 0
         self._probe: str | None = None
         """The queue whose half-open probe this step holds."""
+        self.last_plan: ClaimPlan | None = None
+        """The last step's plan: its bound is what the registry and status show."""
 
     def run(self) -> None:
         """Claim and start tickets until `stop` is set (or, in burst mode, the queue is drained)."""
@@ -100,41 +101,30 @@ class ClaimLoop:
             self.stop.wait(min(pause, self.block_seconds))
             return False
         self._probe = None
-        plan = self.endpoints.claim_plan() if self.endpoints is not None else ClaimPlan(())
-        if self.endpoints is not None and plan.waits:
-            # Every circuit is open: tickets stay queued (their TTL runs) instead of failing.
-            self.stop.wait(min(max(plan.wait_seconds, 0.05), self.block_seconds))
+        routes = self.endpoints.routes() if self.endpoints is not None else Routes(())
+        plan = self.last_plan = plan_claim(self._snapshot(routes))
+        if not plan.room:
+            if plan.bound is Bound.OPEN:
+                # Every circuit is open: tickets stay queued (their TTL runs) instead of failing.
+                self.stop.wait(min(max(routes.wait_seconds, 0.05), self.block_seconds))
+            else:
+                self._wait_at_limit(preempt=plan.preempt)
             return False
-        running = self.inflight.count()
-        half_open = plan.probe is not None
-        only_probe = half_open and not plan.among
-        limit = 1 if self.health.failing or only_probe else self.limits.critical_limit
-        free = limit - running
-        if free <= 0:
-            self._wait_at_limit(preempt=not only_probe and not self.health.failing)
-            return False
-        budget = self.sizer.token_budget(self.inflight.reserved_tokens())
-        if budget is not None and budget <= 0 and running > 0:
-            # The KV cache is as full as a full batch: a waiting loan preempts here too.
-            self._wait_at_limit(preempt=not only_probe and not self.health.failing)
-            return False
-        if plan.probe is not None and self.endpoints is not None:
-            if self.endpoints.take_probe(plan.probe):
-                self._probe = plan.probe
-            elif only_probe:
+        if routes.probe is not None and self.endpoints is not None:
+            if self.endpoints.take_probe(routes.probe):
+                self._probe = routes.probe
+            elif not routes.among:
                 self.stop.wait(min(0.5, self.block_seconds))  # another worker is probing
                 return False
-        shares = self.limits.shares(limit, running, budget, self.inflight.prefill_tokens(self.critical))
+        running = self.inflight.count()
         claimed = self._claim(
-            (self._probe,) if self._probe else plan.among,
-            1 if self._probe else shares.count,
+            (self._probe,) if self._probe else routes.among,
+            1 if self._probe else plan.count,
             lease_seconds=self.lease_seconds,
-            token_budget=shares.budget,
+            token_budget=plan.budget,
             take_first_over_budget=running == 0,
-            normal_count=shares.normal_count,
-            normal_budget=shares.normal_budget,
-            normal_prompt_budget=shares.normal_prompt_budget,
-            normal_prompt_first_over=shares.normal_prompt_first_over,
+            normal_count=plan.normal_count,
+            normal_budget=plan.normal_budget,
         )
         if claimed:
             if not self._start_all(claimed) and self._probe and self.endpoints is not None:
@@ -142,7 +132,28 @@ class ClaimLoop:
             return False
         if self._probe and self.endpoints is not None:
             self.endpoints.release_probe(self._probe)  # nothing to probe with: let the next claimer try
-        return self._idle(running, budget)
+        return self._idle(running, plan)
+
+    def _snapshot(self, routes: Routes) -> Snapshot:
+        """The world now: the sizer's capacity, the throttle, what runs, and endpoint health."""
+        capacity = self.sizer.limit
+        health = Health.OK
+        if self.endpoints is not None and routes.waits:
+            health = Health.OPEN
+        elif self.health.failing:
+            health = Health.FAILING
+        elif routes.probe is not None and not routes.among:
+            health = Health.PROBING
+        return Snapshot(
+            capacity=capacity,
+            capacity_bound=self.sizer.bound,
+            running=self.inflight.count(),
+            token_budget=self.sizer.token_budget(self.inflight.reserved_tokens()),
+            usable_kv_tokens=self.sizer.usable_kv_tokens(),
+            throttle=self.throttle.limit(capacity) if self.throttle is not None else None,
+            reserve_share=self.reserve_share,
+            health=health,
+        )
 
     def _claim(self, among: tuple[str, ...], count: int, **options: Any) -> list[ClaimedTicket]:
         """Claim up to `count`, from the queues `among` when several are served (without
@@ -187,13 +198,13 @@ class ClaimLoop:
             started = True
         return started
 
-    def _idle(self, running: int, budget: int | None) -> bool:
+    def _idle(self, running: int, plan: ClaimPlan) -> bool:
         """Nothing was claimed: wait for work, or for room when the budget held tickets back."""
         pending, delayed, leased = self.queue.sizes()
         if pending > 0 and running > 0:
             # The budget or the normal share held the head back: a departure makes room, or a
             # preemption when the head is a critical ticket that did not fit.
-            self._wait_at_limit(preempt=not self._probe and not self.health.failing)
+            self._wait_at_limit(preempt=plan.preempt and not self._probe)
             return False
         if self.burst and pending + delayed + leased == 0 and self.inflight.count() == 0:
             log.info("burst: the queue is drained; %d tickets claimed", self.claimed_total)

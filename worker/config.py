@@ -63,45 +63,10 @@ class WorkerConfig(Settings):
         lt=1,
         description="share of each worker's batch and KV budget kept for critical types",
     )
-    slo_guard: bool = Field(
-        default=False,
-        description="while service is degraded, workers cap other work so critical answers fit their SLO",
-    )
-    adaptive_limit: bool = Field(
-        default=True,
-        description="workers lower the in-flight limit of non-critical tickets while per-token latency "
-        "(time to first token per prompt token, time per output token) rises, and raise it again "
-        "when it falls; critical tickets are bounded by memory alone",
-    )
-    adaptive_tolerance: float = Field(
-        default=1.25,
-        ge=1,
-        description="how many times its baseline per-token latency a worker tolerates before it lowers "
-        "its in-flight limit; higher keeps the batch fuller at the cost of slower tokens",
-    )
-    adaptive_slo: bool = Field(
-        default=True,
-        description="while critical answers are finishing, their run times against their SLO move the "
-        "adaptive limit instead of the per-token gradient: it grows while they run well within their "
-        "share of the SLO and shrinks when they run past it",
-    )
     preemption: bool = Field(
         default=True,
         description="a worker out of room (at its limit, or without KV budget for it) puts its newest "
         "non-critical ticket back in the queue (no attempt used) so a waiting critical ticket starts now",
-    )
-    preemption_patience: float = Field(
-        default=0.0,
-        ge=0,
-        lt=1,
-        description="share of a critical ticket's SLO it waits for a free slot before a worker preempts "
-        "a running ticket for it (a preemption throws that ticket's work away); 0 = at once",
-    )
-    prefill_guard_tokens: int = Field(
-        default=8192,
-        ge=0,
-        description="most prompt tokens of non-critical tickets a worker keeps in prefill at once, so "
-        "long prompts cannot stall every decode step; 0 = no bound",
     )
     gpus: str | None = Field(
         default=None,

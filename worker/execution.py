@@ -18,14 +18,13 @@ from shared.logs import ticket_fields
 from shared.policy import Policy
 from worker import telemetry
 from worker.inflight import AbortReason, InFlight, RunningTicket
-from worker.inflight_limit import InflightLimit
-from worker.latency_guard import LatencyGuard
 from worker.live_publisher import LivePublisher
 from worker.preemption import Preemptor
 from worker.queue_endpoints import QueueEndpoints
 from worker.queue_set import QueueSet
 from worker.result_writer import ResultWriter
 from worker.rollout_routing import ArmClient
+from worker.throttle import Throttle
 from worker.vllm_client import RequestAborted, VllmClient, VllmError
 from worker.vllm_health import VllmHealth
 
@@ -60,11 +59,10 @@ class Executor:
     inflight: InFlight
     degraded: bool = False
     """Set by the housekeeping thread from the monitor's published state."""
-    latency_guard: LatencyGuard | None = None
     endpoints: QueueEndpoints | None = None
     """Each served queue's breakers and rollout routing: a ticket uses its own queue's."""
-    limits: InflightLimit | None = None
-    """Fed each primary answer's latency (the adaptive limit)."""
+    throttle: Throttle | None = None
+    """Fed each critical answer's run time on the primary (the adaptive throttle)."""
     preemptor: Preemptor | None = None
 
     def client_for(self, running: RunningTicket) -> VllmClient | ArmClient:
@@ -170,11 +168,11 @@ class Executor:
             return
         self.health.success()
         self._record(client, running, ok=True)
-        if self.limits is not None and client is self.primary:
-            ticket_type = running.ticket.type
-            critical = self.policy.is_critical(ticket_type)
-            slo = self.policy.type_policy(ticket_type).slo_seconds if critical else None
-            self.limits.observe_answer(completion, critical_slo_seconds=slo)
+        ticket_type = running.ticket.type
+        if self.throttle is not None and client is self.primary and self.policy.is_critical(ticket_type):
+            slo = self.policy.type_policy(ticket_type).slo_seconds
+            if slo is not None:
+                self.throttle.observe(run_seconds=completion.total_seconds, slo_seconds=slo)
         if not self.writer.done(running, completion):
             return
         if live is not None:
@@ -184,26 +182,10 @@ class Executor:
                 prompt_tokens=completion.prompt_tokens,
                 completion_tokens=completion.completion_tokens,
             )
-        if self.latency_guard is not None:
-            self.latency_guard.observe(
-                run_seconds=completion.total_seconds, critical=self.policy.is_critical(running.ticket.type)
-            )
 
-    def _on_text(self, running: RunningTicket, live: LivePublisher | None) -> Callable[[str], None]:
-        """Each piece of the answer: to the live stream when it has one; the first also tells the
-        in-flight set the ticket left prefill (the prefill guard counts prompts still in it)."""
-        relay = live.token if live is not None and running.ticket.live == "tokens" else None
-        first = True
-
-        def on_text(text: str) -> None:
-            nonlocal first
-            if first:
-                first = False
-                self.inflight.first_token()
-            if relay is not None:
-                relay(text)
-
-        return on_text
+    def _on_text(self, running: RunningTicket, live: LivePublisher | None) -> Callable[[str], None] | None:
+        """Each piece of the answer, to the live stream when it relays tokens; None otherwise."""
+        return live.token if live is not None and running.ticket.live == "tokens" else None
 
     @staticmethod
     def _publish_outcome(live: LivePublisher, outcome: str, error: str) -> None:

@@ -24,8 +24,6 @@ from shared.control import read_control_state
 from worker.batch_sizer import BatchSizer, SizerInputs
 from worker.gpu_memory import GpuBackendError, GpuMemory, GpuMemoryProvider
 from worker.inflight import InFlight
-from worker.inflight_limit import InflightLimit
-from worker.latency_guard import LatencyGuard
 from worker.queue_set import Queues, RegistrySet
 from worker.registry import WorkerRegistry
 from worker.vllm_metrics import VllmMetrics, VllmMetricsError, scrape
@@ -61,8 +59,6 @@ class Housekeeping:
         resize_seconds: float,
         info: Callable[[], dict[str, str | int | float | None]],
         on_degraded: Callable[[bool], None],
-        latency_guard: LatencyGuard | None = None,
-        limits: InflightLimit | None = None,
         pair_fallbacks: Callable[[], None] | None = None,
     ) -> None:
         self.queue = queue
@@ -77,8 +73,6 @@ class Housekeeping:
         self.resize_seconds = resize_seconds
         self.info = info
         self.on_degraded = on_degraded
-        self.latency_guard = latency_guard
-        self.limits = limits
         self.pair_fallbacks = pair_fallbacks
         self.observed = Observed()
         self._failing: set[str] = set()
@@ -155,10 +149,6 @@ class Housekeeping:
                 own_reserved_tokens=self.inflight.reserved_tokens(),
             )
         )
-        if self.limits is not None:
-            self.limits.observe_engine(vllm)
-        if self.latency_guard is not None:
-            self.latency_guard.update(self.sizer.limit)
 
     def _failed(self, source: str, message: str) -> None:
         # Logged when a source starts failing, not every round: a vLLM without GPU figures

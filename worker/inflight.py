@@ -90,27 +90,12 @@ class InFlight:
         with self._changed:
             return sum(r.ticket.cost_tokens for r in self._tickets.values())
 
-    def prefill_tokens(self, critical: frozenset[str]) -> int:
-        """Prompt tokens of non-critical tickets that have no first token yet (still in prefill)."""
-        with self._changed:
-            return sum(
-                r.ticket.prompt_tokens_estimate
-                for r in self._tickets.values()
-                if not r.started and r.ticket.type not in critical
-            )
-
-    def first_token(self) -> None:
-        """A ticket left prefill: wake a claim loop the prefill guard holds back."""
-        with self._changed:
-            self._changed.notify_all()
-
     def snapshot(self) -> list[RunningTicket]:
         with self._changed:
             return list(self._tickets.values())
 
     def wait_for_departure(self, timeout: float) -> None:
-        """Block until a ticket leaves (a slot frees) or leaves prefill, the set closes, or
-        `timeout` passes."""
+        """Block until a ticket leaves (a slot frees), the set closes, or `timeout` passes."""
         with self._changed:
             self._changed.wait(timeout)
 

@@ -6,10 +6,8 @@ would wait for a departure, seconds behind a long archive answer. Then the most 
 non-critical ticket is aborted — it has done the least work — and put back at its original score
 without using an attempt (`shared/lua/preempt.lua`), so the loan takes its slot at once. A ticket is
 preempted at most `max_preemptions` times, so a busy stream of loans cannot starve it, and one
-preemption at a time is in progress, so one waiting loan never costs two answers. A preemption
-throws away the victim's work, and a slot usually frees within moments on a busy GPU, so a critical
-ticket may first wait `patience` (a share of its SLO) for one; only then is a running ticket put
-back. Its default is 0, at once: waiting kept more of the GPU's work but lengthened the loans' tail
+preemption at a time is in progress, so one waiting loan never costs two answers. It happens at
+once: waiting for a slot to free kept more of the GPU's work but lengthened the loans' tail
 (RESULTS.md, "Holding the loan SLO").
 """
 
@@ -18,11 +16,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from shared import clock
 from shared.control import append_event
 from shared.logs import ticket_fields
 from shared.metrics import PREEMPTIONS
-from shared.queue import QueueHead, TicketQueue
+from shared.queue import TicketQueue
 from worker.inflight import AbortReason, InFlight, RunningTicket
 from worker.queue_set import Queues, QueueSet
 
@@ -61,14 +58,11 @@ class Preemptor:
         inflight: InFlight,
         worker_id: str,
         max_preemptions: int,
-        patience: float = 0.0,
     ) -> None:
         self.queue = queue
         self.inflight = inflight
         self.worker_id = worker_id
         self.max_preemptions = max_preemptions
-        self.patience = patience
-        """Share of a critical ticket's SLO it waits for a free slot before a preemption."""
         self.critical = frozenset(queue.policy.critical_types)
 
     def make_room(self) -> bool:
@@ -77,7 +71,7 @@ class Preemptor:
         if any(r.handle.reason == AbortReason.PREEMPTED for r in tickets):
             return True  # its slot frees when its runner has put it back
         head = self.queue.head()
-        if head is None or head.type not in self.critical or not self._waited_long_enough(head):
+        if head is None or head.type not in self.critical:
             return False
         victim = choose_victim(tickets, self.critical, self.max_preemptions)
         if victim is None or not victim.handle.abort(AbortReason.PREEMPTED):
@@ -90,10 +84,6 @@ class Preemptor:
             | {"event": "preemption", "for_type": head.type},
         )
         return True
-
-    def _waited_long_enough(self, head: QueueHead) -> bool:
-        slo = self.queue.policy.type_policy(head.type).slo_seconds
-        return clock.now() - head.created_at >= self.patience * slo
 
     def requeue(self, running: RunningTicket) -> str:
         """Put a preempted ticket back (its runner calls this once vLLM's request is cut off)."""

@@ -3,7 +3,7 @@
 A worker serving `--queue a --queue b` keeps a breaker gate and a rollout router per queue, each
 in that queue's keys, so an endpoint failing `b`'s tickets opens `b`'s breaker and not `a`'s, and
 each queue runs its own rollout. A ticket is routed and counted by the queue it came from. The
-claim loop asks `claim_plan()`: claim from the queues whose circuit is closed, and (one step at a
+claim loop asks `routes()`: claim from the queues whose circuit is closed, and (one step at a
 time) take the one half-open probe of a queue whose circuit is probing.
 """
 
@@ -19,8 +19,8 @@ from worker.rollout_routing import RolloutRouter
 
 
 @dataclass(frozen=True)
-class ClaimPlan:
-    """What one claim step may take: from `among` (queue names), or one probe ticket of `probe`."""
+class Routes:
+    """Where one claim step may take from: `among` (queue names), or one probe ticket of `probe`."""
 
     among: tuple[str, ...]
     probe: str | None = None
@@ -66,7 +66,7 @@ class QueueEndpoints:
     def named(self, queue: str) -> QueueEndpoint:
         return self._by_name[queue]
 
-    def claim_plan(self) -> ClaimPlan:
+    def routes(self) -> Routes:
         """Closed circuits are claimed from; of the half-open ones, the first whose probe is free
         is offered (the caller takes it with `take_probe`); open ones wait."""
         among: list[str] = []
@@ -80,7 +80,7 @@ class QueueEndpoints:
                 probe = endpoint.name
             else:
                 waits.append(seconds)
-        return ClaimPlan(tuple(among), probe, min(waits, default=0.0))
+        return Routes(tuple(among), probe, min(waits, default=0.0))
 
     def take_probe(self, queue: str) -> bool:
         return self.named(queue).breakers.take_probe()

@@ -70,7 +70,7 @@ class WorkerGauges(Collector):
             ("tidegate_worker_inflight", "Tickets the worker is running.", state.inflight),
             (
                 "tidegate_concurrency_limit",
-                "In-flight limit the worker's per-token latency allows (adaptive limit).",
+                "In-flight limit the adaptive throttle allows beside critical tickets, while in force.",
                 state.concurrency_limit,
             ),
             ("tidegate_kv_cache_usage_ratio", "Fraction of vLLM's KV cache in use (0..1).", state.kv_usage),

@@ -32,15 +32,11 @@ from worker.batch_sizer import BatchSizer
 from worker.breaker_gate import BreakerGate, fallback_urls
 from worker.claim_loop import ClaimLoop
 from worker.config import WorkerConfig
-from worker.critical_pressure import CriticalPressure
 from worker.deadlines import StartRule
 from worker.execution import Executor
 from worker.gpu_memory import GpuMemoryProvider
-from worker.headroom import CriticalHeadroom
 from worker.housekeeping import Housekeeping
 from worker.inflight import AbortReason, InFlight, RunningTicket
-from worker.inflight_limit import InflightLimit, adaptive_limiter
-from worker.latency_guard import LatencyGuard
 from worker.leases import LeaseKeeper
 from worker.preemption import Preemptor
 from worker.queue_endpoints import QueueEndpoint, QueueEndpoints
@@ -49,6 +45,7 @@ from worker.registry import WorkerRegistry
 from worker.result_writer import ResultWriter
 from worker.rollout_routing import RolloutRouter
 from worker.telemetry import GaugeSnapshot
+from worker.throttle import Throttle
 from worker.vllm_client import VllmClient, VllmError
 from worker.vllm_health import VllmHealth
 
@@ -74,30 +71,11 @@ def _health(policy: Policy) -> VllmHealth:
     return VllmHealth(base_seconds=base, max_seconds=max(policy.queue.retry_backoff_max_seconds, base))
 
 
-def _latency_guard(config: WorkerConfig, policy: Policy, headroom: CriticalHeadroom) -> LatencyGuard | None:
-    if not config.slo_guard or policy.critical_slo_seconds is None:
+def make_throttle(config: WorkerConfig, policy: Policy) -> Throttle | None:
+    """The adaptive throttle, when the policy has a critical type whose answers can judge it."""
+    if not policy.critical_types:
         return None
-    return LatencyGuard(
-        slo_seconds=policy.critical_slo_seconds, max_batch=config.max_batch, headroom=headroom
-    )
-
-
-def _limits(
-    config: WorkerConfig, sizer: BatchSizer, headroom: CriticalHeadroom, guard: LatencyGuard | None
-) -> InflightLimit:
-    return InflightLimit(
-        sizer=sizer,
-        headroom=headroom,
-        adaptive=adaptive_limiter(config.max_batch, config.adaptive_tolerance)
-        if config.adaptive_limit
-        else None,
-        engine_adaptive=(
-            adaptive_limiter(config.max_batch, config.adaptive_tolerance) if config.adaptive_limit else None
-        ),
-        latency_guard=guard,
-        prefill_guard_tokens=config.prefill_guard_tokens,
-        pressure=CriticalPressure() if config.adaptive_limit and config.adaptive_slo else None,
-    )
+    return Throttle(config.max_batch)
 
 
 class Worker:
@@ -139,16 +117,13 @@ class Worker:
         """The first queue's breakers (each queue's are in `endpoints`)."""
         self.rollout = self.endpoints.first.rollout
         self.writer = ResultWriter(self.queues, config.worker_id)
-        headroom = CriticalHeadroom(share=config.critical_headroom)
-        self.latency_guard = _latency_guard(config, policy, headroom)
-        self.limits = _limits(config, self.sizer, headroom, self.latency_guard)
+        self.throttle = make_throttle(config, policy)
         self.preemptor = (
             Preemptor(
                 queue=self.queues,
                 inflight=self.inflight,
                 worker_id=config.worker_id,
                 max_preemptions=config.max_preemptions,
-                patience=config.preemption_patience,
             )
             if config.preemption
             else None
@@ -161,9 +136,8 @@ class Worker:
             health=self.health,
             writer=self.writer,
             inflight=self.inflight,
-            latency_guard=self.latency_guard,
             endpoints=self.endpoints,
-            limits=self.limits,
+            throttle=self.throttle,
             preemptor=self.preemptor,
         )
         self.pool = ThreadPoolExecutor(max_workers=config.max_batch, thread_name_prefix="ticket")
@@ -205,7 +179,8 @@ class Worker:
             lease_seconds=self.lease_seconds,
             block_seconds=self.config.block_seconds,
             burst=self.config.burst,
-            limits=self.limits,
+            throttle=self.throttle,
+            reserve_share=self.config.critical_headroom,
             preemptor=self.preemptor,
             endpoints=self.endpoints,
             start_rule=StartRule(frozenset(self.policy.critical_types), self.config.deadline_service_seconds),
@@ -225,8 +200,6 @@ class Worker:
             resize_seconds=self.config.resize_seconds,
             info=self._registry_info,
             on_degraded=self._set_degraded,
-            latency_guard=self.latency_guard,
-            limits=self.limits,
             pair_fallbacks=self.endpoints.pair,
         )
 
@@ -314,14 +287,12 @@ class Worker:
 
     def _set_degraded(self, degraded: bool) -> None:
         self.executor.degraded = degraded
-        if self.latency_guard is not None:
-            self.latency_guard.set_active(degraded)
 
     def gauges(self) -> GaugeSnapshot:
         observed = self.housekeeping.observed
         return GaugeSnapshot(
             batch_limit=self.sizer.limit,
-            concurrency_limit=self.limits.adaptive_limit,
+            concurrency_limit=self.throttle.limit(self.sizer.limit) if self.throttle is not None else None,
             inflight=self.inflight.count(),
             kv_usage=observed.vllm.kv_usage if observed.vllm else None,
             gpu_free_bytes=observed.gpu.free_bytes if observed.gpu else None,
@@ -342,7 +313,7 @@ class Worker:
             "kv_usage": gauges.kv_usage,
             "gpu_free_bytes": gauges.gpu_free_bytes,
             "gpu_total_bytes": gauges.gpu_total_bytes,
-            "normal_cap": self.latency_guard.cap if self.latency_guard is not None else None,
+            "bound": self.claim_loop.last_plan.bound.value if self.claim_loop.last_plan else None,
             "state": "draining" if self.draining else "running",
             "started_at": repr(self.started_at),
         }

@@ -1,5 +1,5 @@
-"""ClaimLoop on its own: fakes for the queue, the sizer, the limits and the breaker gate; no Redis,
-no simulator. Each round (`_step`) is driven by the test, so no timing decides an outcome."""
+"""ClaimLoop on its own: fakes for the queue, the sizer and the breaker gate, the real claim plan; no
+Redis, no simulator. Each round (`_step`) is driven by the test, so no timing decides an outcome."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from shared.submission import Submission
 from tests.fake_clock import FakeClock
 from worker.breaker_gate import Gate
 from worker.claim_loop import ClaimLoop
+from worker.claim_plan import Bound
 from worker.deadlines import StartRule
 from worker.inflight import InFlight, RunningTicket
 from worker.queue_endpoints import QueueEndpoint, QueueEndpoints
@@ -66,33 +67,20 @@ class FakeQueue:
 
 
 class FakeSizer:
-    def __init__(self, budget: int | None = None) -> None:
+    def __init__(self, limit: int, budget: int | None = None) -> None:
+        self.limit = limit
+        self.bound = Bound.MAX_BATCH
         self.budget = budget
         self.observed: list[int] = []
 
     def token_budget(self, own_reserved_tokens: int) -> int | None:
         return self.budget
 
+    def usable_kv_tokens(self) -> int | None:
+        return None
+
     def observe(self, cost_tokens: int) -> None:
         self.observed.append(cost_tokens)
-
-
-@dataclass
-class Shares:
-    count: int
-    budget: int | None = None
-    normal_count: int | None = None
-    normal_budget: int | None = None
-    normal_prompt_budget: int | None = None
-    normal_prompt_first_over: bool = False
-
-
-class FakeLimits:
-    def __init__(self, limit: int) -> None:
-        self.critical_limit = limit
-
-    def shares(self, limit: int, running: int, budget: int | None, prefill_tokens: int) -> Shares:
-        return Shares(count=limit - running, budget=budget)
 
 
 class FakeGate:
@@ -159,7 +147,7 @@ def make_loop(
         queue=queue,  # type: ignore[arg-type]
         worker_id="w-unit",
         gpu=0,
-        sizer=FakeSizer(budget),  # type: ignore[arg-type]
+        sizer=FakeSizer(limit, budget),  # type: ignore[arg-type]
         inflight=inflight,
         health=health,
         writer=writer,  # type: ignore[arg-type]
@@ -168,7 +156,6 @@ def make_loop(
         lease_seconds=30.0,
         block_seconds=BLOCK_SECONDS,
         burst=burst,
-        limits=FakeLimits(limit),  # type: ignore[arg-type]
         endpoints=None if gate is None else endpoints_of(gate, queue),
         start_rule=start_rule,
     )

@@ -71,8 +71,6 @@ class Chores:
     registry: FakeRegistry
     gpu: FakeGpu
     degraded: list[bool]
-    limits: Any
-    guard: Any
 
 
 @pytest.fixture
@@ -81,8 +79,6 @@ def chores(monkeypatch: pytest.MonkeyPatch) -> Chores:
     monkeypatch.setattr(housekeeping, "read_control_state", lambda *a: (SimpleNamespace(degraded=True), None))
     queue, sizer, registry, gpu = FakeQueue(), FakeSizer(), FakeRegistry(), FakeGpu()
     degraded: list[bool] = []
-    limits = SimpleNamespace(seen=[], observe_engine=lambda m: limits.seen.append(m))
-    guard = SimpleNamespace(limits=[], update=lambda limit: guard.limits.append(limit))
     keeping = Housekeeping(
         queue=queue,  # type: ignore[arg-type]
         worker_id="w-unit",
@@ -96,10 +92,8 @@ def chores(monkeypatch: pytest.MonkeyPatch) -> Chores:
         resize_seconds=0.05,
         info=lambda: {"worker_id": "w-unit"},
         on_degraded=degraded.append,
-        latency_guard=guard,  # type: ignore[arg-type]
-        limits=limits,  # type: ignore[arg-type]
     )
-    return Chores(keeping, queue, sizer, registry, gpu, degraded, limits, guard)
+    return Chores(keeping, queue, sizer, registry, gpu, degraded)
 
 
 def test_reap_sweeps_for_this_worker_at_the_reap_interval(chores: Chores) -> None:
@@ -118,11 +112,10 @@ def test_a_failing_chore_is_logged_never_raised(chores: Chores, caplog: pytest.L
     assert "reap failed (Redis restarting)" in caplog.text and "resize failed unexpectedly" in caplog.text
 
 
-def test_resize_feeds_the_sizer_the_limits_and_the_guard(chores: Chores) -> None:
+def test_resize_feeds_the_sizer(chores: Chores) -> None:
     chores.keeping.resize()
     (inputs,) = chores.sizer.inputs
     assert (inputs.gpu_free_bytes, inputs.gpu_total_bytes, inputs.own_inflight) == (6 << 30, 8 << 30, 0)
-    assert chores.limits.seen == [None] and chores.guard.limits == [FakeSizer.limit]
 
 
 def test_an_unreadable_source_is_logged_once_until_it_recovers(

@@ -48,9 +48,8 @@ def full_worker(
         sim.base_url,
         max_batch=BATCH,
         critical_headroom=0,  # no slot kept: only preemption can start the loan now
-        adaptive_limit=False,
         block_seconds=CLAIM_INTERVAL,
-        **{"preemption_patience": 0.0, **overrides},
+        **overrides,
     )
     wait_until(
         lambda: (
@@ -112,21 +111,6 @@ def test_a_loan_preempts_the_newest_archive_and_every_ticket_ends_done_once(
     assert entries[-1]["kind"] == "end" and entries[-1]["status"] == "done"
 
 
-def test_with_patience_the_loan_first_waits_its_share_of_the_slo_for_a_free_slot(
-    simulator: Callable[..., SimulatorProcess],
-    start_worker: Callable[..., RunningWorker],
-    fast_queue: TicketQueue,
-) -> None:
-    patience = 0.25
-    _running, archives = full_worker(simulator, start_worker, fast_queue, preemption_patience=patience)
-    loan = submit_loan(fast_queue)
-    waited = (loan.started_at or 0.0) - loan.created_at
-    slo = fast_queue.policy.type_policy("loan_approval").slo_seconds
-    assert patience * slo <= waited <= patience * slo + CLAIM_INTERVAL, waited
-    tickets = wait_all_done(fast_queue, archives, 90)
-    assert sum(t.preemptions for t in tickets) == 1, "no archive had finished, so one was put back"
-
-
 def test_without_preemption_the_loan_waits_for_a_departure(
     simulator: Callable[..., SimulatorProcess],
     start_worker: Callable[..., RunningWorker],
@@ -148,9 +132,7 @@ def test_a_ticket_preempted_twice_already_runs_to_its_end(
     sim = simulator(time_scale=1, decode_step_s=0.01, stop_median_tokens=10**6)
     archive = submit(producer_for(fast_queue), [ticket("archive_query", max_tokens=200)])[0]
     fast_queue.redis.hset(fast_queue.keys.ticket(archive), "preemptions", 2)
-    running = start_worker(
-        sim.base_url, max_batch=1, critical_headroom=0, adaptive_limit=False, block_seconds=CLAIM_INTERVAL
-    )
+    running = start_worker(sim.base_url, max_batch=1, critical_headroom=0, block_seconds=CLAIM_INTERVAL)
     wait_until(
         lambda: any(r.started for r in running.worker.inflight.snapshot()), 20, "the archive answering"
     )
@@ -208,9 +190,7 @@ def test_a_loan_preempts_when_the_kv_cache_not_the_batch_is_full(
         sim.base_url,
         max_batch=8,
         critical_headroom=0,
-        adaptive_limit=False,
         block_seconds=CLAIM_INTERVAL,
-        preemption_patience=0.0,
     )
     wait_until(
         lambda: len(snapshot := running.worker.inflight.snapshot()) == 2 and all(r.started for r in snapshot),
@@ -221,7 +201,7 @@ def test_a_loan_preempts_when_the_kv_cache_not_the_batch_is_full(
     # size the batch has room for more; only the loan's own size does not fit.
     for _ in range(30):
         running.worker.sizer.observe(40)
-    wait_until(lambda: running.worker.limits.critical_limit > 2, 5, "the batch limit to leave room")
+    wait_until(lambda: running.worker.sizer.limit > 2, 5, "the batch limit to leave room")
     loan = submit_loan_of(fast_queue, max_tokens=1000)
     assert loan.started_at is not None and loan.started_at - loan.created_at <= CLAIM_INTERVAL
     tickets = wait_all_done(fast_queue, [*archives, loan.id], 90)

@@ -143,8 +143,13 @@ def overload_command(
         None,
         "--worker-option",
         help="a `tidegate worker` flag for tidegate's workers, repeatable; for ablation runs, e.g. "
-        "--worker-option=--no-adaptive-limit, --worker-option=--no-preemption, "
-        "--worker-option=--prefill-guard-tokens=0",
+        "--worker-option=--no-preemption, --worker-option=--critical-headroom=0",
+    ),
+    ablate: list[str] | None = typer.Option(
+        None,
+        "--ablate",
+        help="take a worker mechanism that has no product setting out, repeatable: throttle "
+        "(the adaptive throttle)",
     ),
     baseline: bool = typer.Option(
         True, "--baseline/--no-baseline", help="run the FIFO baseline too (leave it out for ablation runs)"
@@ -196,6 +201,7 @@ def overload_command(
         "seed": seed,
         "client": client,
         "worker_args": tuple(worker_option or ()),
+        "ablate": tuple(ablate or ()),
         "systems": _systems(system, baseline),
         "ramp_s": ramp,
         "memory": memory,
@@ -224,6 +230,7 @@ def overload_command(
         + f" --memory {memory} --time-scale {time_scale:g} --system {','.join(scenario.systems)}"
         + (f" --client {client}" if client != "tickets" else "")
         + "".join(f" --worker-option={option}" for option in worker_option or ())
+        + "".join(f" --ablate {name}" for name in ablate or ())
     )
     bench = OverloadBench(
         scenario,

@@ -66,6 +66,8 @@ class OverloadScenario:
     """How tidegate's branches call it: `tickets` (submit and poll) or `openai` (streamed completions)."""
     worker_args: tuple[str, ...] = ()
     """Extra `tidegate worker` flags (`--no-preemption`, ...), for an ablation run."""
+    ablate: tuple[str, ...] = ()
+    """Worker mechanisms without a product setting taken out (ops/lab/bench/ablation.py)."""
     systems: tuple[str, ...] = ("tidegate", "fifo")
     """The arms to run, one after another, each on fresh simulators (names from `SYSTEMS`)."""
     ramp_s: float | None = None

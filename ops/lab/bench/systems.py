@@ -127,7 +127,7 @@ class SystemRunner:
             run_dir=self.setup.results_dir / "tidegate",
             gpus=s.gpus,
             sim=s.sim_settings(),
-            worker=WorkerSettings(extra_args=s.worker_args),
+            worker=WorkerSettings(extra_args=s.worker_args, ablate=s.ablate),
             env={"RQ_KEY_PREFIX": rq_key_prefix(queue_name)},  # rq's keys go with the queue's at the end
         )
         self.setup.progress(

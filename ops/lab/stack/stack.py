@@ -118,6 +118,8 @@ class WorkerSettings:
     model_config: str | None = None
     log_level: str = "info"
     extra_args: tuple[str, ...] = ()
+    ablate: tuple[str, ...] = ()
+    """Mechanisms taken out for an ablation run (ops/lab/bench/ablation.py)."""
 
     def args(self) -> list[str]:
         return [
@@ -316,6 +318,9 @@ class Stack:
             from ops.lab.vllm_cpu.paths import model_dir
 
             args += ["--model-config", str(model_dir())]
+        if self.config.worker.ablate:
+            ablate = [x for name in self.config.worker.ablate for x in ("--ablate", name)]
+            return [sys.executable, "-m", "ops.lab.bench.ablation", *ablate, *args]
         return tidegate_command(*args)
 
     def start_worker(self, gpu: int) -> ChildProcess:

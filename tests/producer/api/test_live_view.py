@@ -35,7 +35,7 @@ def test_status_draws_red_in_red_with_workers_and_refresh_time(
 ) -> None:
     policy = producer.policy
     registry = WorkerRegistry(redis_client, producer.queue.keys, "node-b-gpu1", heartbeat_seconds=20)
-    registry.heartbeat({"gpu": 1, "inflight": 5, "batch_limit": 16, "normal_cap": 6, "kv_usage": 0.9})
+    registry.heartbeat({"gpu": 1, "inflight": 5, "batch_limit": 16, "bound": "adaptive", "kv_usage": 0.9})
     fill_past_red(producer, policy)
     doc = operator_status(redis_client, policy, queue_name)
     console = Console(record=True, width=140, force_terminal=True, color_system="standard")
@@ -43,7 +43,7 @@ def test_status_draws_red_in_red_with_workers_and_refresh_time(
     coloured = console.export_text(styles=True, clear=False)
     plain = console.export_text()
     assert RED_BADGE in coloured
-    assert "node-b-gpu1" in plain and "90%" in plain and "16" in plain and "6" in plain
+    assert "node-b-gpu1" in plain and "90%" in plain and "16" in plain and "adaptive" in plain
     assert "workers (1 alive)" in plain
     assert f"refreshed {time.strftime('%H:%M', time.localtime(doc['generated_at']))}" in plain
     registry.deregister()

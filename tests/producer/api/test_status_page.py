@@ -90,7 +90,7 @@ def test_level_follows_the_queue_as_it_fills(
     registry = WorkerRegistry(redis_client, api.queue_keys, "node-a-gpu0", heartbeat_seconds=20)
     registry.heartbeat(
         {"host": "node-a", "gpu": 0, "model": "qwen", "inflight": 3, "batch_limit": 12,
-         "normal_cap": 8, "kv_usage": 0.42, "gpu_free_bytes": 9 * 1024**3, "state": "running"}
+         "bound": "kv", "kv_usage": 0.42, "gpu_free_bytes": 9 * 1024**3, "state": "running"}
     )  # fmt: skip
     log_in(page, api, operator_key)
     monitor.tick()
@@ -192,7 +192,7 @@ def test_breakers_table_a_since_that_stays_put_the_scale_and_the_adaptive_limit(
     registry = WorkerRegistry(redis_client, api.queue_keys, "node-b-gpu1", heartbeat_seconds=20)
     registry.heartbeat(
         {"host": "node-b", "gpu": 1, "model": "qwen", "inflight": 5, "batch_limit": 16,
-         "concurrency_limit": 9, "normal_cap": 4, "kv_usage": 0.3, "state": "running"}
+         "concurrency_limit": 9, "bound": "critical_reserve", "kv_usage": 0.3, "state": "running"}
     )  # fmt: skip
     monitor = make_monitor()
     began = time.time() - 2.0
@@ -219,7 +219,7 @@ def test_breakers_table_a_since_that_stays_put_the_scale_and_the_adaptive_limit(
     expect(fallback.nth(2)).to_have_text("closed: taking work")
     expect(fallback.nth(3)).to_have_text(re.compile(r"^(0%|–) · 0% · 0%$"))
     expect(fallback.nth(4)).to_have_text("never tripped")
-    expect(page.locator("#workers tbody")).to_contain_text("9 (guard cap 4)")
+    expect(page.locator("#workers tbody")).to_contain_text("9 (bound by critical reserve)")
     ticks = page.locator("#chart text.tick").all_text_contents()
     assert {"now", "−5 min", "tickets queued", "0"} <= set(ticks), ticks
     expect(page.locator("#audit tbody")).to_contain_text("no operator action recorded yet")

@@ -194,13 +194,12 @@ function meter(fraction) {
 }
 
 function concurrency(worker) {
-  // The adaptive limit, and the latency guard's cap on non-critical tickets while one is in force.
-  const guard = worker.concurrency_cap === null || worker.concurrency_cap === undefined
-    ? "" : "guard cap " + worker.concurrency_cap;
+  // The adaptive throttle's limit while in force, and what binds the next claim.
   const limit = worker.concurrency_limit === null || worker.concurrency_limit === undefined
     ? "" : String(worker.concurrency_limit);
-  if (limit && guard) return limit + " (" + guard + ")";
-  return limit || guard || "–";
+  const bound = worker.bound ? "bound by " + worker.bound.replaceAll("_", " ") : "";
+  if (limit && bound) return limit + " (" + bound + ")";
+  return limit || bound || "–";
 }
 
 function drawWorkers(doc) {
