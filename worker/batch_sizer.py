@@ -34,8 +34,6 @@ GROW_FACTOR = 1.5
 
 def memory_limit(free_bytes: int, per_ticket_bytes: int, safety_margin: float, max_batch: int) -> int:
     """`min(int(free × (1 − margin) / per_ticket), max_batch)`, never below 1 so work still flows."""
-    if per_ticket_bytes <= 0:
-        raise ValueError(f"per_ticket_bytes={per_ticket_bytes} must be positive")
     usable = max(free_bytes, 0) * (1.0 - safety_margin)
     return clamp(int(usable // per_ticket_bytes), max_batch)
 
@@ -48,8 +46,6 @@ def kv_limit(
     The worker's own running tickets keep their slots (they already hold their blocks); the free
     blocks, less the safety margin, add room for more of the average size.
     """
-    if per_ticket_tokens <= 0:
-        raise ValueError(f"per_ticket_tokens={per_ticket_tokens} must be positive")
     more = int(max(free_kv_tokens, 0) * (1.0 - safety_margin) // per_ticket_tokens)
     return clamp(own_inflight + more, max_batch)
 
@@ -68,8 +64,6 @@ def reserved_kv_limit(
     just sent hold no blocks until their prefill. Counting what this worker has reserved keeps the
     cache within the margin however long the answers get (the GPU's worker is its only client).
     """
-    if per_ticket_tokens <= 0:
-        raise ValueError(f"per_ticket_tokens={per_ticket_tokens} must be positive")
     room = int(kv_capacity_tokens * (1.0 - safety_margin)) - own_reserved_tokens
     return clamp(own_inflight + max(room, 0) // per_ticket_tokens, max_batch)
 
@@ -107,7 +101,8 @@ class BatchSizer:
     """The batch limit and token budget, recomputed from each `SizerInputs` sample.
 
     Thread-safe: the claim loop reads `limit` and `token_budget` while the housekeeping thread
-    calls `update` and the runners call `observe`.
+    calls `update` and the runners call `observe`. Its settings are validated where they are
+    declared (`WorkerConfig`).
     """
 
     def __init__(
@@ -119,14 +114,6 @@ class BatchSizer:
         kv_high_watermark: float = 0.85,
         initial_ticket_tokens: int = DEFAULT_PROMPT_TOKENS + 256,
     ) -> None:
-        if max_batch < 1:
-            raise ValueError(f"max_batch={max_batch} is not accepted; it must be at least 1")
-        if not 0 <= safety_margin < 1:
-            raise ValueError(f"safety_margin={safety_margin} is not accepted; use 0 ≤ margin < 1")
-        if not 0 < kv_high_watermark <= 1:
-            raise ValueError(f"kv_high_watermark={kv_high_watermark} is not accepted; use 0 < watermark ≤ 1")
-        if kv_bytes_per_token < 1:
-            raise ValueError(f"kv_bytes_per_token={kv_bytes_per_token} must be at least 1")
         self.kv_bytes_per_token = kv_bytes_per_token
         self.max_batch = max_batch
         self.safety_margin = safety_margin

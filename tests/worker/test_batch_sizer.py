@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -172,16 +171,3 @@ def test_average_ticket_size_follows_recent_tickets() -> None:
     for cost in (100, 300):
         sizer.observe(cost)
     assert sizer.per_ticket_tokens() == 200
-
-
-@pytest.mark.parametrize(
-    ("field", "kwargs"),
-    [
-        ("max_batch", {"max_batch": 0}),
-        ("safety_margin", {"safety_margin": 1.0}),
-        ("kv_high_watermark", {"kv_high_watermark": 0.0}),
-    ],
-)
-def test_bad_settings_name_the_field(field: str, kwargs: dict[str, float]) -> None:
-    with pytest.raises(ValueError, match=field):
-        BatchSizer(kv_bytes_per_token=KV_BYTES, **kwargs)  # type: ignore[arg-type]
