@@ -8,7 +8,7 @@ from pathlib import Path
 
 import shared
 from shared.rejected import PACKED, unpacked
-from shared.submission import LEAN_FIELDS
+from shared.ticket_builder import LEAN_FIELDS
 
 LUA = Path(shared.__file__).parent / "lua" / "lib" / "rejected.lua"
 
