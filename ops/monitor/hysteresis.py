@@ -7,11 +7,8 @@ measure little. Raising is immediate once the measure is above a level's thresho
 several thresholds yields one transition per level crossed (green→yellow, yellow→orange, …) so every
 level's action runs and each transition is recorded exactly once. Clearing is slow: a level drops
 one step only after the measure has stayed below `threshold − clear_margin` for `clear_hold_seconds`
-without a break; for clearing, the measure counts the submissions the level itself refused over the
-window as well (`held_back`): red empties the queue by refusing, and clearing by depth alone walked
-a surge red, orange, red, orange as the refused work came back. A minimum dwell keeps a surge's
-walk monotone: no step down within `min_dwell_seconds` of the last change, and no step up within it
-after a step down.
+without a break. A minimum dwell keeps a surge's walk monotone: no step down within
+`min_dwell_seconds` of the last change, and no step up within it after a step down.
 """
 
 from __future__ import annotations
@@ -84,9 +81,8 @@ class AlarmTracker:
     def _dwelt(self, now: float) -> bool:
         return self.since is None or now - self.since >= self.alarms.min_dwell_seconds
 
-    def observe(self, depth: int, now: float, held_back: int = 0) -> list[Transition]:
-        """Feed one sample (`held_back`: submissions the level refused over the window); returns
-        the transitions it causes, oldest first (usually none)."""
+    def observe(self, depth: int, now: float) -> list[Transition]:
+        """Feed one sample; returns the transitions it causes, oldest first (usually none)."""
         if self.since is None:
             # The level held before any transition began with the first sample, not with each one.
             self.since = now
@@ -96,7 +92,7 @@ class AlarmTracker:
             for level in (AlarmLevel.YELLOW, AlarmLevel.ORANGE, AlarmLevel.RED):
                 if level > self.level and measure > self.alarms.threshold(level):
                     transitions.append(self._move(level, measure, now))
-        self._track_clear_lines(measure + max(held_back, 0), now)
+        self._track_clear_lines(measure, now)
         if not transitions and self.level > AlarmLevel.GREEN and self._dwelt(now):
             below = self._below_since.get(self.level)
             if below is not None and now - below >= self.alarms.clear_hold_seconds:

@@ -171,7 +171,7 @@ class Monitor:
         if self.tracker is None:  # taking over: carry on with the guard as the last monitor left it
             self.memory_guard.active = _text(self.redis.hget(self.keys.monitor_state, "memory_guard")) == "1"
         tracker = copy.deepcopy(self.tracker) if self.tracker is not None else self._tracker_from_redis()
-        transitions = tracker.observe(sample.depth, at, sample.held_back)
+        transitions = tracker.observe(sample.depth, at)
         memory = read_memory(self.redis, self.policy.memory)
         guard_was = self.memory_guard.active
         guard = self.memory_guard.observe(memory)

@@ -13,15 +13,12 @@ from dataclasses import dataclass, field
 from shared import clock
 from shared.live_workers import WorkerView, min_kv_free, read_live_workers
 from shared.queue import QueueStats, TicketQueue
-from shared.shed import ShedCode
 
 DRAIN_OUTCOMES = ("done", "failed", "expired", "cancelled")
 """Outcomes that take a ticket out of the system; their growth is the drain rate."""
 SERVED_OUTCOMES = ("done", "failed")
 """Outcomes of tickets a worker ran; their growth is the service rate the deadline rule divides by
 (tickets that expire or are cancelled leave fast without GPU time, so they would flatter it)."""
-LEVEL_CODES = (ShedCode.QUEUE_RED, ShedCode.QUEUE_ORANGE)
-"""Refusals the alarm level itself causes: work held back that would otherwise be queued."""
 
 
 class RateWindow:
@@ -62,9 +59,6 @@ class Sample:
     """The highest service rate of the last `PEAK_SECONDS`: what the workers can do, where the
     current rate is only what they were given (at a sudden step it lags the load)."""
     workers: list[WorkerView] = field(default_factory=list)
-    held_back: int = 0
-    """Submissions the level refused over the alarm's window: while it refuses, the queue is short
-    only because of it, so the level clears by depth plus these (ops/monitor/hysteresis.py)."""
 
     @property
     def depth(self) -> int:
@@ -83,11 +77,6 @@ def _total(stats: QueueStats, outcomes: tuple[str, ...]) -> int:
     return sum(value for key, value in stats.counts.items() if key.rpartition(":")[2] in outcomes)
 
 
-def _level_refusals(stats: QueueStats) -> int:
-    endings = tuple(f":shed:{code.value}" for code in LEVEL_CODES)
-    return sum(value for key, value in stats.counts.items() if key.endswith(endings))
-
-
 PEAK_SECONDS = 300.0
 
 
@@ -101,8 +90,6 @@ class Sampler:
         self._service_rates: deque[tuple[float, float]] = deque()
         self._arrived = RateWindow(window_seconds)
         self._arrived_by_type = {name: RateWindow(window_seconds) for name in queue.policy.type_names}
-        self._held_seconds = max(queue.policy.alarms.window_seconds, 1.0)
-        self._held = RateWindow(self._held_seconds)
 
     def sample(self, now: float | None = None) -> Sample:
         at = clock.now() if now is None else now
@@ -127,5 +114,4 @@ class Sampler:
                 for name, window in self._arrived_by_type.items()
             },
             workers=workers,
-            held_back=round(self._held.add(at, _level_refusals(stats)) * self._held_seconds),
         )

@@ -183,20 +183,3 @@ def test_no_step_down_within_the_dwell() -> None:
     assert pairs(tracker.observe(0, 10.0)) == [(RED, ORANGE)]
     assert tracker.observe(90, 11.0) == []  # no step up straight after a step down
     assert pairs(tracker.observe(90, 20.0)) == [(ORANGE, RED)]
-
-
-def test_red_holds_while_it_refuses_the_work_that_would_refill_the_queue() -> None:
-    """Red empties the queue by refusing; while the refusals go on, the level holds. Clearing by
-    depth alone walked a surge red, orange, red again as the refused work came back."""
-    tracker = AlarmTracker(SMOOTHED)
-    assert tracker.observe(120, 0.0)[-1].level is RED
-    held = [t for i in range(1, 300) for t in tracker.observe(0, i * 0.1, held_back=200)]
-    assert held == [] and tracker.level is RED, "30 s of an empty queue, but refusing all along"
-    cleared = [t for i in range(300, 1200) for t in tracker.observe(0, i * 0.1, held_back=0)]
-    assert pairs(cleared) == [(RED, ORANGE), (ORANGE, YELLOW), (YELLOW, GREEN)]
-
-
-def test_held_back_work_never_raises_the_level() -> None:
-    tracker = AlarmTracker(SMOOTHED)
-    assert [t for i in range(100) for t in tracker.observe(10, i * 0.1, held_back=500)] == []
-    assert tracker.level is GREEN

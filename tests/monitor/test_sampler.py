@@ -61,20 +61,6 @@ def test_sampler_reads_depth_rates_and_live_workers(
     assert second.kv_free_min == pytest.approx(0.3)
 
 
-def test_held_back_counts_the_refusals_the_level_caused_over_the_alarm_window(
-    ticket_queue: TicketQueue, redis_client: Redis, fake_clock: FakeClock
-) -> None:
-    sampler = Sampler(ticket_queue, window_seconds=30.0)
-    assert sampler.sample().held_back == 0
-    counts = ticket_queue.keys.counts
-    redis_client.hincrby(counts, "complaint:shed:queue_red", 40)
-    redis_client.hincrby(counts, "archive_query:shed:queue_orange", 10)
-    redis_client.hincrby(counts, "complaint:shed:branch_share_exceeded", 99)  # not the level's doing
-    fake_clock.advance(5.0)
-    window = ticket_queue.policy.alarms.window_seconds
-    assert sampler.sample().held_back == round(50 / 5.0 * window)
-
-
 @pytest.mark.parametrize(
     ("depth", "drain", "arrival", "alive", "expected"),
     [
