@@ -205,6 +205,7 @@ class TicketQueue:
                     self.keys.outbox,
                     *[self.keys.waiting(t) for t in types],
                     *[self.keys.branch_depth(t) for t in types],
+                    *[self.keys.branch_tokens(t) for t in types],
                 ],
                 args=[
                     ticket_id,
@@ -255,6 +256,7 @@ class TicketQueue:
                 *[self.keys.waiting(t) for t in types],
                 *[self.keys.branch_depth(t) for t in types],
                 *[self.keys.branch_service(t) for t in types],
+                *[self.keys.branch_tokens(t) for t in types],
             ],
             args=[
                 repr(clock.now()),
@@ -402,6 +404,7 @@ class TicketQueue:
                     self.keys.outbox,
                     self.keys.pending,
                     self.keys.branch_depth(ticket_type),
+                    self.keys.branch_tokens(ticket_type),
                 ],
                 args=[
                     ticket_id,
@@ -432,6 +435,7 @@ class TicketQueue:
                     self.keys.counts,
                     self.keys.outbox,
                     self.keys.wake,
+                    self.keys.branch_tokens(ticket_type),
                 ],
                 args=[
                     ticket_id,
@@ -475,6 +479,7 @@ class TicketQueue:
                 self.keys.ticket_prefix,
                 *[self.keys.waiting(t) for t in types],
                 *[self.keys.branch_depth(t) for t in types],
+                *[self.keys.branch_tokens(t) for t in types],
             ],
             args=[
                 repr(clock.now()),
@@ -502,6 +507,7 @@ class TicketQueue:
                 self.keys.outbox,
                 *[self.keys.waiting(t) for t in types],
                 *[self.keys.branch_depth(t) for t in types],
+                *[self.keys.branch_tokens(t) for t in types],
             ],
             args=[ticket_id, repr(clock.now()), self.policy.queue.retention_spec, len(types), *types],
             client=client,
