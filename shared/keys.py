@@ -57,6 +57,11 @@ class QueueKeys:
         the number of branches waiting for that type."""
         return self._key(f"branch-depth:{ticket_type}")
 
+    def branch_tokens(self, ticket_type: str) -> str:
+        """HASH branch → weighted tokens of its queued tickets of one type (the fair share's
+        measure at admission, docs/fairness.md); a branch has a field while it has a depth."""
+        return self._key(f"branch-tokens:{ticket_type}")
+
     def branch_queue(self, ticket_type: str, branch: str) -> str:
         """ZSET id → score of one branch's pending tickets of one type, in queue order: where the
         claim finds the branch's next ticket (docs/fairness.md). Spelled in Lua as the branch depth

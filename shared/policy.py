@@ -251,9 +251,10 @@ class RolloutPolicy(_Strict):
 
 
 class FairnessPolicy(_Strict):
-    """Token-weighted fair share between branches (docs/fairness.md): a ticket's cost is
-    `input_weight` per prompt token plus `output_weight` per answer token it may write, divided
-    by its branch's weight, and within a priority band the branch served least so far goes next."""
+    """Token-weighted fair share between branches (docs/fairness.md): a ticket's weighted tokens
+    are `input_weight` per prompt token plus `output_weight` per answer token it may write, divided
+    by its branch's weight; admission bounds each branch's queued weighted tokens by its share of
+    the type, and within a priority band the claim serves the branch served least so far."""
 
     input_weight: float = Field(default=1.0, gt=0, le=1000)
     output_weight: float = Field(default=2.0, gt=0, le=1000)
@@ -270,7 +271,8 @@ class FairnessPolicy(_Strict):
         return weights
 
     def cost_args(self) -> list[str | float]:
-        """The claim script's fairness arguments: the two weights, then each weighted branch."""
+        """The fairness arguments of the claim and enqueue scripts: the two weights, then each
+        weighted branch."""
         pairs = [v for branch, weight in sorted(self.branch_weights.items()) for v in (branch, weight)]
         return [self.input_weight, self.output_weight, len(self.branch_weights), *pairs]
 

@@ -150,6 +150,7 @@ class TicketQueue(QueueLeases, QueueReads):
                     self.keys.outbox,
                     *[self.keys.waiting(t) for t in types],
                     *[self.keys.branch_depth(t) for t in types],
+                    *[self.keys.branch_tokens(t) for t in types],
                 ],
                 args=[
                     ticket_id,
@@ -200,6 +201,7 @@ class TicketQueue(QueueLeases, QueueReads):
                 *[self.keys.waiting(t) for t in types],
                 *[self.keys.branch_depth(t) for t in types],
                 *[self.keys.branch_service(t) for t in types],
+                *[self.keys.branch_tokens(t) for t in types],
             ],
             args=[
                 repr(clock.now()),
@@ -267,6 +269,7 @@ class TicketQueue(QueueLeases, QueueReads):
                 self.keys.ticket_prefix,
                 *[self.keys.waiting(t) for t in types],
                 *[self.keys.branch_depth(t) for t in types],
+                *[self.keys.branch_tokens(t) for t in types],
             ],
             args=[
                 repr(clock.now()),

@@ -161,6 +161,7 @@ class QueueLeases:
                     self.keys.outbox,
                     self.keys.pending,
                     self.keys.branch_depth(ticket_type),
+                    self.keys.branch_tokens(ticket_type),
                 ],
                 args=[
                     ticket_id,
@@ -191,6 +192,7 @@ class QueueLeases:
                     self.keys.counts,
                     self.keys.outbox,
                     self.keys.wake,
+                    self.keys.branch_tokens(ticket_type),
                 ],
                 args=[
                     ticket_id,

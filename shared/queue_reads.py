@@ -83,6 +83,7 @@ class QueueReads:
                 self.keys.outbox,
                 *[self.keys.waiting(t) for t in types],
                 *[self.keys.branch_depth(t) for t in types],
+                *[self.keys.branch_tokens(t) for t in types],
             ],
             args=[ticket_id, repr(clock.now()), self.policy.queue.retention_spec, len(types), *types],
             client=client,

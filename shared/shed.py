@@ -49,7 +49,8 @@ _CAUSES: dict[ShedCode, str] = {
     ShedCode.TYPE_CAP: "{cap} {label} requests are already waiting, the most we hold at once",
     ShedCode.BRANCH_SHARE: (
         "your branch already holds its fair share of the {cap} {label} requests we hold at once, "
-        "while other branches are waiting (the cap divided by the branches with requests waiting)"
+        "while other branches are waiting (the share is counted in tokens: longer prompts and "
+        "answers use it up sooner)"
     ),
     ShedCode.CIRCUIT_OPEN: "the inference service is failing and is paused while it recovers",
     ShedCode.DEADLINE_UNREACHABLE: (

@@ -108,6 +108,7 @@ class Submission(TicketBuilder):
             *[self.keys.branch_depth(t) for t in types],
             self.keys.monitor_state,
             *[self.keys.branch_service(t) for t in types],
+            *[self.keys.branch_tokens(t) for t in types],
         ]
         queue = self.policy.queue
         args: list[Any] = [
@@ -118,6 +119,7 @@ class Submission(TicketBuilder):
             *types,
             *[self.policy.type_policy(t).cap for t in types],
             *[self.shed_words(ShedCode.TYPE_CAP, t) for t in types],
+            *self.policy.fairness.cost_args(),
         ]
         return keys, args
 

@@ -25,6 +25,7 @@ KEYS[8] ticket hash prefix      {q}:t:   (ids are unknown until popped; the pref
 KEYS[9..8+n] waiting zset of each type, in the order of ARGV[9..]
 KEYS[9+n..8+2n] branch depth hash of each type, same order
 KEYS[9+2n..8+3n] branch service zset of each type, same order
+KEYS[9+3n..8+4n] branch tokens hash of each type, same order
 
 ARGV[1] now (Unix seconds)
 ARGV[2] most tickets to claim
@@ -50,7 +51,7 @@ carrying its new `token`); expired counts tickets ended because their TTL passed
 -- @include fairness
 
 local FIELDS = {'status', 'type', 'expires_at', 'prompt_tokens_estimate', 'max_tokens', 'branch_id',
-  'attempts', 'priority'}
+  'attempts', 'priority', 'weighted_tokens'}
 local now = tonumber(ARGV[1])
 local limit = tonumber(ARGV[2])
 local lease = tonumber(ARGV[3])
@@ -61,6 +62,7 @@ local ntypes = tonumber(ARGV[8])
 local waiting = waiting_keys(9, 9, ntypes)
 local depths = waiting_keys(9 + ntypes, 9, ntypes)
 local services = waiting_keys(9 + 2 * ntypes, 9, ntypes)
+local branch_tokens = waiting_keys(9 + 3 * ntypes, 9, ntypes)
 local normal_limit = tonumber(ARGV[9 + ntypes])
 local normal_budget = tonumber(ARGV[10 + ntypes])
 local prompt_budget = tonumber(ARGV[11 + ntypes])
@@ -130,7 +132,8 @@ while #claimed < limit and scanned < limit + 1000 do
     redis.call('ZREM', KEYS[1], id)
     scanned = scanned + 1
   elseif tonumber(t[3]) <= now then
-    unqueue(id, KEYS[1], KEYS[2], KEYS[3], waiting[ticket_type] or KEYS[1], depths[ticket_type], t[6])
+    unqueue(id, KEYS[1], KEYS[2], KEYS[3], waiting[ticket_type] or KEYS[1], depths[ticket_type],
+      branch_tokens[ticket_type], t[6], t[9])
     finish_ticket(key, id, ticket_type, 'expired', ARGV[1], retention,
       'TTL passed while queued', KEYS[5], KEYS[7])
     expired = expired + 1
@@ -154,7 +157,8 @@ while #claimed < limit and scanned < limit + 1000 do
     end
     used = used + cost
     local token = redis.call('INCR', KEYS[6])
-    unqueue(id, KEYS[1], KEYS[2], KEYS[3], waiting[ticket_type] or KEYS[1], depths[ticket_type], t[6])
+    unqueue(id, KEYS[1], KEYS[2], KEYS[3], waiting[ticket_type] or KEYS[1], depths[ticket_type],
+      branch_tokens[ticket_type], t[6], t[9])
     charge_service(services[ticket_type], t[6], tonumber(t[4]) or 0, tonumber(t[5]) or 0, w_in, w_out,
       weights)
     redis.call('HSET', key, 'status', 'running', 'token', token, 'worker', ARGV[4],

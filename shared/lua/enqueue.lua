@@ -1,7 +1,7 @@
 --[[
 Submit a batch of tickets in one step: each is either queued (ticket hash, priority entry, TTL
 index, per-type index) or recorded `rejected` — because admission shed it (its shed code), its
-type's queue cap is full, or its branch holds its fair share of the cap while other branches wait.
+type's queue cap is full, or its branch holds its fair share of the type while other branches wait.
 The rejected record is lean (no prompt, no words: readers look them up from the code) and shares a
 bucket hash with the records of its time (lib/rejected.lua), living its own retention; a retry under
 the same idempotency key reuses the record an earlier shed try left instead of writing another.
@@ -27,6 +27,7 @@ KEYS[9..8+n] waiting zset of each type, in the order of the type names below
 KEYS[9+n..8+2n] branch depth hash of each type, same order
 KEYS[9+2n] monitor state hash   {q}:monitor  (its service rate, for the deadline rule)
 KEYS[10+2n..9+3n] branch service zset of each type, same order as the waiting zsets (lib/fairness.lua)
+KEYS[10+3n..9+4n] branch tokens hash of each type, same order (branch → its queued weighted tokens)
 
 ARGV[1] created_at of every ticket of the batch (Unix seconds)
 ARGV[2] seconds an accepted ticket's idempotency key lives (its longest retention)
@@ -34,20 +35,32 @@ ARGV[3] seconds a rejected record (and its idempotency key) lives
 ARGV[4] most wake-up markers the wake list holds
 ARGV[5] n, the number of types; then n type names, n caps (most queued tickets of the type) and n
         words for the cap's code (used when the cap refuses a ticket)
+then the fairness weights (shared/policy.py `FairnessPolicy.cost_args`): a prompt token's, an answer
+        token's, m, and m pairs branch, weight (branches not named weigh 1)
 then, per ticket, 13 values and its hash fields:
         id, type, branch, priority, sorted-set score (shared/scoring.py), expires_at, idempotency
         key ("" for none), ready_at (later than created_at: deferred, parked in the delayed set),
         shed code admission decided ("" when admitted), words for that code, Retry-After seconds,
         l and f; then f field, value pairs to store, of which the first l are the lean record's
 
-Fair share: while other branches have queued tickets of the type, a branch holding cap ÷ (waiting
-branches) of them is refused (code branch_share_exceeded, words left to the caller); a branch below
-its share is admitted even past the cap, up to twice the cap, so one branch's flood cannot lock the
-others out of a type. Turns: while several branches wait, a new ticket is scored just behind the
-type's equal-priority ticket at its round-robin place (lib/tickets.lua `turn_score`), so branches
-of equal priority are served in turn instead of a flood first. A queued ticket is also indexed
-under its branch, and a branch that starts waiting has its service lifted (lib/fairness.lua), for
-the claim's token-weighted choice between branches.
+Fair share, counted in weighted tokens (lib/fairness.lua): an admitted ticket stores its
+`weighted_tokens`, (input_weight × prompt_tokens_estimate + output_weight × max_tokens) ÷ its
+branch's weight (what the claim charges), counted to its branch in the type's branch tokens hash
+beside its ticket count. While other branches have queued tickets of the type, a branch with some
+queued too is refused (code branch_share_exceeded, words left to the caller) when this ticket would
+take its weighted tokens past its share
+
+    S = cap ÷ Σ (queued tickets ÷ queued weighted tokens), summed over the waiting branches,
+
+the level at which, every waiting branch holding S in tickets of its own mean size, the type holds
+its cap of tickets. A branch of weight w holds w × S tokens; a branch whose tickets weigh ten times
+more holds a tenth of the tickets; with equal tickets S is cap ÷ (waiting branches) tickets. A
+branch below its share is admitted even past the cap, up to twice the cap (in tickets), so one
+branch's flood cannot lock the others out of a type. Turns: while several branches wait, a new
+ticket is scored just behind the type's equal-priority ticket at its round-robin place
+(lib/tickets.lua `turn_score`), so branches of equal priority are served in turn instead of a flood
+first. A queued ticket is also indexed under its branch, and a branch that starts waiting has its
+service lifted (lib/fairness.lua), for the claim's token-weighted choice between branches.
 
 Deadlines (lib/deadline.lua): a ticket's fields carry its `deadline`, its type's `slo_seconds`,
 `admit_late` ("1": never refused by this rule) and `ahead_types` (the types served before it). A retry under the idempotency key of a shed
@@ -70,10 +83,23 @@ local waiting = waiting_keys(9, 6, ntypes)
 local depths = waiting_keys(9 + ntypes, 6, ntypes)
 local monitor_key = KEYS[9 + 2 * ntypes]
 local services = waiting_keys(10 + 2 * ntypes, 6, ntypes)
+local branch_tokens = waiting_keys(10 + 3 * ntypes, 6, ntypes)
 local caps, cap_words = {}, {}
 for i = 0, ntypes - 1 do
   caps[ARGV[6 + i]] = tonumber(ARGV[6 + ntypes + i])
   cap_words[ARGV[6 + i]] = ARGV[6 + 2 * ntypes + i]
+end
+local w_in, w_out, weights, first_ticket = fairness_weights(6 + 3 * ntypes)
+-- Each type's density (lib/fairness.lua `type_density`), read at its first use in this call and
+-- then kept up to date here as tickets are queued.
+local densities = {}
+local function density_of(ticket_type)
+  return function()
+    if not densities[ticket_type] then
+      densities[ticket_type] = type_density(depths[ticket_type], branch_tokens[ticket_type])
+    end
+    return densities[ticket_type]
+  end
 end
 
 -- Check every ticket before writing any, so a refused batch leaves nothing behind.
@@ -83,7 +109,7 @@ local function bad(i, id, field, value, wanted)
 end
 local numbers = {{4, 'score'}, {5, 'expires_at'}, {7, 'ready_at'}, {10, 'retry_after'}}
 local starts = {}
-local at = 6 + 3 * ntypes
+local at = first_ticket
 while at <= #ARGV do
   local i = #starts + 1
   local id = ARGV[at]
@@ -151,11 +177,14 @@ for i = 1, #starts do
   if not done then
     bump(submitted, ticket_type)
     local code, words, retry_after = ARGV[at + 8], ARGV[at + 9], ARGV[at + 10]
-    local held, branches = 0, 1
+    local held, branches, tokens, weighted = 0, 1, 0, nil
     if code == '' then
-      held, branches = branch_standing(depths[ticket_type], branch)
-      code, words = fair_share_verdict(waiting[ticket_type], held, branches, caps[ticket_type],
-        cap_words[ticket_type])
+      held, branches, tokens = branch_standing(depths[ticket_type], branch_tokens[ticket_type], branch)
+      local prompt = tonumber(pair_value(fields_at, fields_end, 'prompt_tokens_estimate') or '') or 0
+      local answer = tonumber(pair_value(fields_at, fields_end, 'max_tokens') or '') or 0
+      weighted = weighted_tokens(prompt, answer, w_in, w_out, weights[branch] or 1)
+      code, words = fair_share_verdict(waiting[ticket_type], held, branches, tokens, weighted,
+        density_of(ticket_type), caps[ticket_type], cap_words[ticket_type])
     end
     local deadline = carried_deadline(fields_at, fields_end, first_seen)
     if code == '' then
@@ -181,7 +210,9 @@ for i = 1, #starts do
       end
       redis.call('HSET', ticket_key, 'id', id, 'status', 'queued', 'score', score,
         unpack(ARGV, fields_at, fields_end))
-      redis.call('HSET', ticket_key, 'first_seen_at', string.format('%.17g', first_seen))
+      local weighted_text = string.format('%.17g', weighted)
+      redis.call('HSET', ticket_key, 'first_seen_at', string.format('%.17g', first_seen),
+        'weighted_tokens', weighted_text)
       if deadline then redis.call('HSET', ticket_key, 'deadline', string.format('%.17g', deadline)) end
       if deferred then
         redis.call('ZADD', KEYS[5], ARGV[at + 7], id)
@@ -192,7 +223,11 @@ for i = 1, #starts do
       if held == 0 then lift_service(services[ticket_type], branch) end
       redis.call('ZADD', KEYS[2], ARGV[at + 5], id)
       redis.call('ZADD', waiting[ticket_type], created, id)
-      count_branch(depths[ticket_type], branch, 1)
+      count_branch(depths[ticket_type], branch_tokens[ticket_type], branch, 1, weighted_text)
+      if densities[ticket_type] then
+        densities[ticket_type] = densities[ticket_type] - branch_density(held, tokens) +
+          branch_density(held + 1, tokens + weighted)
+      end
       if idem_key then redis.call('SET', idem_key, id, 'EX', ARGV[2]) end
       queued = queued + 1
       emit('queued', id, '', '')

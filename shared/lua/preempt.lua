@@ -14,6 +14,7 @@ KEYS[6] branch depth of type    {q}:branch-depth:<type>
 KEYS[7] counts hash             {q}:counts
 KEYS[8] outbox list             {q}:outbox
 KEYS[9] wake list               {q}:wake
+KEYS[10] branch tokens of type  {q}:branch-tokens:<type>
 
 ARGV[1] ticket id
 ARGV[2] fencing token from the claim
@@ -33,7 +34,7 @@ local id = ARGV[1]
 local key = KEYS[1]
 local now = tonumber(ARGV[3])
 local t = redis.call('HMGET', key, 'status', 'token', 'type', 'attempts', 'preemptions',
-  'expires_at', 'created_at', 'score', 'branch_id')
+  'expires_at', 'created_at', 'score', 'branch_id', 'weighted_tokens')
 if t[1] ~= 'running' or t[2] ~= ARGV[2] then
   return 'stale:' .. (t[1] or 'missing')
 end
@@ -53,7 +54,7 @@ redis.call('ZADD', KEYS[3], t[8], id)
 index_pending(KEYS[6], t[9], id, t[8])
 redis.call('ZADD', KEYS[4], t[6], id)
 if redis.call('ZADD', KEYS[5], t[7], id) == 1 then
-  count_branch(KEYS[6], t[9], 1)
+  count_branch(KEYS[6], KEYS[10], t[9], 1, t[10])
 end
 wake_workers(KEYS[9], 1, tonumber(ARGV[7]))
 return 'requeued'

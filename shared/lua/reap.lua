@@ -16,6 +16,7 @@ KEYS[8] wake list               {q}:wake
 KEYS[9] ticket hash prefix      {q}:t:   (ids are found by the sweep; same hash tag, same slot)
 KEYS[10..9+n] waiting zset of each type, in the order of ARGV[7..]
 KEYS[10+n..9+2n] branch depth hash of each type, same order
+KEYS[10+2n..9+3n] branch tokens hash of each type, same order
 
 ARGV[1] now (Unix seconds)
 ARGV[2] lock owner (any unique string)
@@ -41,6 +42,7 @@ local limit = tonumber(ARGV[5])
 local prefix = KEYS[9]
 local waiting = waiting_keys(10, 7, tonumber(ARGV[6]))
 local depths = waiting_keys(10 + tonumber(ARGV[6]), 7, tonumber(ARGV[6]))
+local branch_tokens = waiting_keys(10 + 2 * tonumber(ARGV[6]), 7, tonumber(ARGV[6]))
 local requeued, failed, expired, promoted = 0, 0, 0, 0
 
 local lost = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, limit)
@@ -48,7 +50,7 @@ for _, id in ipairs(lost) do
   local key = prefix .. id
   redis.call('ZREM', KEYS[2], id)
   local t = redis.call('HMGET', key, 'status', 'type', 'attempts', 'max_attempts', 'expires_at',
-    'created_at', 'score', 'worker', 'branch_id')
+    'created_at', 'score', 'worker', 'branch_id', 'weighted_tokens')
   if t[1] == 'running' then
     local attempts = tonumber(t[3]) or 0
     if attempts >= (tonumber(t[4]) or 1) then
@@ -67,7 +69,7 @@ for _, id in ipairs(lost) do
       index_pending(depths[t[2]], t[9], id, t[7])
       redis.call('ZADD', KEYS[5], t[5], id)
       if waiting[t[2]] and redis.call('ZADD', waiting[t[2]], t[6], id) == 1 then
-        count_branch(depths[t[2]], t[9], 1)
+        count_branch(depths[t[2]], branch_tokens[t[2]], t[9], 1, t[10])
       end
       requeued = requeued + 1
     end
@@ -77,8 +79,9 @@ end
 local stale = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now, 'LIMIT', 0, limit)
 for _, id in ipairs(stale) do
   local key = prefix .. id
-  local t = redis.call('HMGET', key, 'status', 'type', 'branch_id')
-  unqueue(id, KEYS[3], KEYS[4], KEYS[5], waiting[t[2] or ''] or KEYS[3], depths[t[2] or ''], t[3])
+  local t = redis.call('HMGET', key, 'status', 'type', 'branch_id', 'weighted_tokens')
+  unqueue(id, KEYS[3], KEYS[4], KEYS[5], waiting[t[2] or ''] or KEYS[3], depths[t[2] or ''],
+    branch_tokens[t[2] or ''], t[3], t[4])
   if t[1] == 'queued' then
     finish_ticket(key, id, t[2], 'expired', ARGV[1], retention, 'TTL passed while queued',
       KEYS[6], KEYS[7])

@@ -12,6 +12,7 @@ KEYS[6] counts hash             {q}:counts
 KEYS[7] outbox list             {q}:outbox
 KEYS[8] pending zset            {q}:pending
 KEYS[9] branch depth of type    {q}:branch-depth:<type>
+KEYS[10] branch tokens of type  {q}:branch-tokens:<type>
 
 ARGV[1] ticket id
 ARGV[2] fencing token from the claim
@@ -29,7 +30,7 @@ local id = ARGV[1]
 local key = KEYS[1]
 local now = tonumber(ARGV[3])
 local t = redis.call('HMGET', key, 'status', 'token', 'type', 'attempts', 'max_attempts',
-  'expires_at', 'created_at', 'score', 'branch_id')
+  'expires_at', 'created_at', 'score', 'branch_id', 'weighted_tokens')
 if t[1] ~= 'running' or t[2] ~= ARGV[2] then
   return 'stale:' .. (t[1] or 'missing')
 end
@@ -58,5 +59,5 @@ else
 end
 redis.call('ZADD', KEYS[4], t[6], id)
 redis.call('ZADD', KEYS[5], t[7], id)
-count_branch(KEYS[9], t[9], 1)
+count_branch(KEYS[9], KEYS[10], t[9], 1, t[10])
 return 'retry'

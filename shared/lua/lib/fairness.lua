@@ -3,15 +3,75 @@ Token-weighted fair share between branches (the virtual token counter of "Fairne
 Large Language Models", OSDI'24), included by `-- @include fairness` into the scripts that put
 tickets in the pending set (enqueue, claim's promotions, preempt, reap) and into claim.
 
-Per type: the branch depth hash (`depth_key`) names the waiting branches; each branch's pending
-tickets of the type sit in the zset `depth_key .. ':' .. branch` by their queue score
-(QueueKeys.branch_queue); the service zset (QueueKeys.branch_service) holds each waiting branch's
-weighted tokens claimed so far, so the least served is read in O(log n). The claim takes, within
-the band of the queue's head (its type and priority), the first ticket of the waiting branch with
-the least service. A branch that starts waiting is lifted to the least service of those already
-waiting, so time spent idle is not saved up against them. A ticket leaves its branch queue with
-the other queued structures (lib/tickets.lua `unqueue`).
+One measure on both sides: a ticket's weighted tokens, (input_weight × prompt tokens +
+output_weight × max_tokens) ÷ its branch's weight (`weighted_tokens`). The claim charges them to the
+branch's service; admission counts them into the branch's queued tokens and refuses a branch past
+its share of the type's cap (`fair_share_verdict`).
+
+Per type: the branch depth hash (`depth_key`) names the waiting branches and counts their queued
+tickets, the branch tokens hash (QueueKeys.branch_tokens) their queued weighted tokens; each
+branch's pending tickets of the type sit in the zset `depth_key .. ':' .. branch` by their queue
+score (QueueKeys.branch_queue); the service zset (QueueKeys.branch_service) holds each waiting
+branch's weighted tokens claimed so far, so the least served is read in O(log n). The claim takes,
+within the band of the queue's head (its type and priority), the first ticket of the waiting branch
+with the least service. A branch that starts waiting is lifted to the least service of those already
+waiting, so time spent idle is not saved up against them. A ticket leaves its branch queue and
+counts with the other queued structures (lib/tickets.lua `unqueue`).
 ]]
+
+-- A ticket's weighted tokens: what the claim charges its branch's service and what admission
+-- counts to its branch's queued tokens.
+local function weighted_tokens(prompt, max_tokens, w_in, w_out, weight)
+  return (w_in * prompt + w_out * max_tokens) / weight
+end
+
+-- One branch's tickets per weighted token (its queued tickets ÷ their weighted tokens, the inverse
+-- of its mean ticket); 0 for a branch without a token count (tickets queued before it had one).
+local function branch_density(held, tokens)
+  if held > 0 and tokens > 0 then return held / tokens end
+  return 0
+end
+
+-- The density of a type's waiting branches: their tickets per weighted token, summed. The type's
+-- cap divided by it is the share (in weighted tokens) of each waiting branch: the one level at
+-- which, every waiting branch holding it with tickets of its own mean size, the type holds its cap.
+local function type_density(depth_key, tokens_key)
+  local held = {}
+  local depth = redis.call('HGETALL', depth_key)
+  for i = 1, #depth, 2 do
+    held[depth[i]] = tonumber(depth[i + 1])
+  end
+  local sum = 0
+  local tokens = redis.call('HGETALL', tokens_key)
+  for i = 1, #tokens, 2 do
+    sum = sum + branch_density(held[tokens[i]] or 0, tonumber(tokens[i + 1]) or 0)
+  end
+  return sum
+end
+
+-- Room for rounding: with equal tickets the share is a whole number of them, which must not be
+-- lost to the last bit of a division.
+local SHARE_SLACK = 1e-9
+
+-- The cap and fair-share rule of enqueue.lua: "", "" to admit, else the code and words.
+-- `waiting_key` holds the type's queued tickets; `held`, `branches` and `tokens` are the branch's
+-- standing (lib/tickets.lua `branch_standing`), `weighted` the new ticket's weighted tokens and
+-- `density` a function giving the type's density (`type_density`), called only when needed. A branch
+-- with tickets queued while others wait is refused when this one would take its weighted tokens past
+-- its share; with equal tickets that is the cap ÷ the waiting branches, in tickets.
+local function fair_share_verdict(waiting_key, held, branches, tokens, weighted, density, cap, cap_words)
+  if branches > 1 and held > 0 then
+    local sum = density()
+    if sum > 0 and (tokens + weighted) * sum > cap * (1 + SHARE_SLACK) then
+      return 'branch_share_exceeded', ''
+    end
+  end
+  local depth = redis.call('ZCARD', waiting_key)
+  if depth >= 2 * cap or (depth >= cap and branches == 1) then
+    return 'type_cap_reached', cap_words
+  end
+  return '', ''
+end
 
 local function branch_queue_key(depth_key, branch)
   return depth_key .. ':' .. branch
@@ -87,8 +147,8 @@ local function fair_pick(id, branch, priority, depth_key, service_key, pending_k
   return id
 end
 
--- Weights from the claim's ARGV starting at `at`: input, output, then m branch/weight pairs.
--- Returns them and the index after them.
+-- Weights from the claim's or the enqueue's ARGV starting at `at`: input, output, then m
+-- branch/weight pairs. Returns them and the index after them.
 local function fairness_weights(at)
   local weights = {}
   local m = tonumber(ARGV[at + 2])
@@ -101,7 +161,7 @@ end
 -- Count a claimed ticket's weighted tokens to its branch's service.
 local function charge_service(service_key, branch, prompt, max_tokens, w_in, w_out, weights)
   if service_key and branch then
-    local cost = (w_in * prompt + w_out * max_tokens) / (weights[branch] or 1)
+    local cost = weighted_tokens(prompt, max_tokens, w_in, w_out, weights[branch] or 1)
     redis.call('ZINCRBY', service_key, cost, branch)
   end
 end

@@ -3,36 +3,31 @@ Helpers included (by `-- @include tickets`) into the scripts that move tickets b
 They take keys as arguments from the including script's KEYS; they build no keys themselves.
 ]]
 
--- Count one more (delta 1) or one fewer (-1) queued ticket of `branch` in a type's branch depth
--- hash; a branch with none left leaves the hash, so its length counts the waiting branches.
-local function count_branch(depth_key, branch, delta)
+-- Count one more (delta 1) or one fewer (-1) queued ticket of `branch` of a type: the branch depth
+-- hash counts its tickets, the branch tokens hash (`tokens_key`) their weighted tokens (`weighted`:
+-- the ticket's `weighted_tokens` field, written once at admission, so a ticket takes out exactly
+-- what it brought in, whatever the policy says meanwhile). A branch with none left leaves both
+-- hashes: the depth hash's length counts the waiting branches, and no rounding of the token sum
+-- outlives the tickets it counted.
+local function count_branch(depth_key, tokens_key, branch, delta, weighted)
   if not depth_key or not branch then return end
   if redis.call('HINCRBY', depth_key, branch, delta) <= 0 then
     redis.call('HDEL', depth_key, branch)
+    if tokens_key then redis.call('HDEL', tokens_key, branch) end
+  elseif tokens_key and tonumber(weighted or '') then
+    redis.call('HINCRBYFLOAT', tokens_key, branch, delta < 0 and ('-' .. weighted) or weighted)
   end
 end
 
--- Where `branch` stands among a type's waiting branches (`depth_key`): its queued tickets of the
--- type, and how many branches wait once it is counted among them. Read once per new ticket and
--- used by both rules below.
-local function branch_standing(depth_key, branch)
+-- Where `branch` stands among a type's waiting branches (`depth_key`, `tokens_key`): its queued
+-- tickets of the type, how many branches wait once it is counted among them, and the weighted
+-- tokens of its queued tickets. Read once per new ticket and used by the rules of enqueue.lua.
+local function branch_standing(depth_key, tokens_key, branch)
   local held = tonumber(redis.call('HGET', depth_key, branch) or '0')
+  local tokens = tonumber(redis.call('HGET', tokens_key, branch) or '0')
   local branches = redis.call('HLEN', depth_key)
   if held == 0 then branches = branches + 1 end
-  return held, branches
-end
-
--- The cap and fair-share rule of enqueue.lua: "", "" to admit, else the code and words. `waiting_key`
--- holds the type's queued tickets; `held` and `branches` are the branch's standing.
-local function fair_share_verdict(waiting_key, held, branches, cap, cap_words)
-  if branches > 1 and held >= math.max(1, math.floor(cap / branches)) then
-    return 'branch_share_exceeded', ''
-  end
-  local depth = redis.call('ZCARD', waiting_key)
-  if depth >= 2 * cap or (depth >= cap and branches == 1) then
-    return 'type_cap_reached', cap_words
-  end
-  return '', ''
+  return held, branches, tokens
 end
 
 -- The score of a new ticket that takes its turn: with k branches waiting, the branch's j-th
@@ -51,16 +46,17 @@ local function turn_score(waiting_key, pending_key, prefix, held, branches, prio
   return score
 end
 
--- Remove a ticket from every structure that holds queued tickets (and from its branch's count and
--- queue under its type's `depth_key`, when the caller gives it with the ticket's branch; the
--- branch queue is lib/fairness.lua's).
-local function unqueue(id, pending_key, delayed_key, deadlines_key, waiting_key, depth_key, branch)
+-- Remove a ticket from every structure that holds queued tickets (and from its branch's counts
+-- and queue under its type's `depth_key` and `tokens_key`, when the caller gives them with the
+-- ticket's branch and `weighted_tokens` field; the branch queue is lib/fairness.lua's).
+local function unqueue(id, pending_key, delayed_key, deadlines_key, waiting_key, depth_key, tokens_key,
+                       branch, weighted)
   redis.call('ZREM', pending_key, id)
   if depth_key and branch then redis.call('ZREM', depth_key .. ':' .. branch, id) end
   redis.call('ZREM', delayed_key, id)
   redis.call('ZREM', deadlines_key, id)
   if redis.call('ZREM', waiting_key, id) == 1 then
-    count_branch(depth_key, branch, -1)
+    count_branch(depth_key, tokens_key, branch, -1, weighted)
   end
 end
 

@@ -1,8 +1,10 @@
 """Fair share within a type: one branch's flood cannot lock other branches out of the type.
 
-While other branches have queued tickets of a type, a branch holds at most cap ÷ (waiting branches)
-of them; a branch below its share is admitted even when the flood filled the cap (up to twice it).
-The per-branch counts the rule reads stay exact through every way a ticket leaves the queue.
+While other branches have queued tickets of a type, a branch holds at most its share of them; the
+share is counted in weighted tokens (tests/shared/queue/test_token_share.py), and with tickets of
+one size, as here, it is cap ÷ (waiting branches) tickets. A branch below its share is admitted
+even when the flood filled the cap (up to twice it). The per-branch counts the rule reads stay
+exact through every way a ticket leaves the queue.
 """
 
 from __future__ import annotations
