@@ -218,4 +218,8 @@ class AdmissionController:
         )
         if decision.admitted and self._cap_seen(request):
             return replace(decision, code=ShedCode.TYPE_CAP, options=EnqueueOptions())
+        if decision.admitted and state.level >= AlarmLevel.YELLOW:
+            # A busy queue is held below red ticket by ticket (the enqueue script's red line), so
+            # the level, smoothed from its depth, holds instead of cycling red and orange.
+            return replace(decision, options=replace(decision.options, red_line=self.policy.alarms.red))
         return decision

@@ -149,6 +149,9 @@ class Submission(TicketBuilder):
             if code is ShedCode.DEADLINE_UNREACHABLE:  # the script's estimate comes in the words' place
                 estimated = retry_after = float(raw[3])
                 words = self.shed_words(code, ticket.type)
+            elif code is ShedCode.QUEUE_RED and options.shed is None:  # the red line's Retry-After
+                retry_after = float(raw[3])
+                words = self.shed_words(code, ticket.type)
             else:
                 words = raw[3] or self.shed_words(code, ticket.type)  # the fair-share rule leaves them
             update = {

@@ -64,6 +64,9 @@ class EnqueueOptions:
     defer_seconds: float = 0.0
     shed: ShedCode | None = None
     retry_after: float = 0.0
+    red_line: int = 0
+    """Tickets queued beside which the enqueue script refuses this one with `queue_red` unless its
+    type is critical; 0 = no line (admission draws it while the queue is busy)."""
 
 
 def stored_value(name: str, value: Any) -> str:
@@ -159,9 +162,10 @@ class TicketBuilder:
         columns = LEAN_FIELDS if shed else COLUMNS
         pairs = [(name, stored_value(name, getattr(ticket, name))) for name in columns]
         assert ticket.deadline is not None  # build_ticket gives every ticket one
-        pairs[len(LEAN_FIELDS) : len(LEAN_FIELDS)] = deadline_rule_fields(
-            self.policy, ticket.type, ticket.deadline
-        )
+        pairs[len(LEAN_FIELDS) : len(LEAN_FIELDS)] = [
+            *deadline_rule_fields(self.policy, ticket.type, ticket.deadline),
+            ("red_line", str(options.red_line) if options.red_line > 0 else ""),
+        ]
         lean = sum(1 for name, value in pairs[: len(LEAN_FIELDS)] if value)
         fields = [item for pair in pairs if pair[1] for item in pair]
         values = [

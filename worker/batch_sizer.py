@@ -164,13 +164,15 @@ class BatchSizer:
 
     def token_budget(self, own_reserved_tokens: int) -> int | None:
         """Tokens the next claim may take: free KV tokens (less the margin) at the last sample,
-        minus what was claimed since, and never more than the cache (less the margin) minus the
-        full size of every ticket in flight. None when vLLM's metrics are unknown (no budget)."""
+        less what was claimed since and plus what has left since, and never more than the cache
+        (less the margin) minus the full size of every ticket in flight. None when vLLM's metrics
+        are unknown (no budget). Crediting departures before the next sample lets a departure's
+        slot be refilled at once; the full-size bound alone keeps the cache within its margin."""
         with self._lock:
             if self._free_kv_tokens is None:
                 return None
             usable = int(self._free_kv_tokens * (1.0 - self.safety_margin))
-            budget = usable - max(own_reserved_tokens - self._reserved_at_sample, 0)
+            budget = usable - (own_reserved_tokens - self._reserved_at_sample)
             if self._kv_capacity_tokens is not None:
                 reserved_room = (
                     int(self._kv_capacity_tokens * (1.0 - self.safety_margin)) - own_reserved_tokens

@@ -67,24 +67,26 @@ class Throttle:
     def limit(self, capacity: int) -> int | None:
         """What non-critical tickets may fill out of `capacity` now; None while not in force.
 
-        A due verdict is applied here, so the limit always moves against the capacity in force."""
+        The throttle keeps its own limit, apart from capacity (which moves with every KV sample): a
+        verdict cuts or grows what is in force, the smaller of the two, and a limit grown back to
+        capacity no longer binds. A due verdict is applied here."""
         with self._lock:
             if self._last_at is None or self._now() - self._last_at > HORIZON_SECONDS:
                 self._limit = None
                 return None
             before = capacity if self._limit is None else min(self._limit, capacity)
-            current, pressure = before, None
+            pressure = None
             if self._new >= MIN_ANSWERS and len(self._recent) >= MIN_ANSWERS:
                 self._new = 0
                 ordered = sorted(self._recent)
                 pressure = self.pressure = ordered[int(0.9 * (len(ordered) - 1))]
                 if pressure > 1.0:
-                    current = max(self.floor, int(current * SHRINK_FACTOR))
+                    self._limit = max(self.floor, int(before * SHRINK_FACTOR))
                     self._recent.clear()  # judge the cut by answers that ran under it
-                elif pressure < GROW_BELOW:
-                    current += max(1, math.ceil((capacity - current) * GROW_SHARE))
-            self._limit = max(min(current, capacity), min(self.floor, capacity))
-            after = self._limit
+                elif pressure < GROW_BELOW and self._limit is not None:
+                    grown = before + max(1, math.ceil((capacity - before) * GROW_SHARE))
+                    self._limit = None if grown >= capacity else grown
+            after = capacity if self._limit is None else min(self._limit, capacity)
         if pressure is not None and after != before:
             log.info(
                 "throttle %d -> %d (critical answers run %.2f of their allowance at p90)",

@@ -68,9 +68,16 @@ try keeps that try's `first_seen_at`, so the SLO counts from the first submissio
 would pass every other rule but cannot start before its deadline is recorded rejected with code
 deadline_unreachable and a Retry-After from the estimate.
 
+The red line: a ticket's fields may carry `red_line` (admission draws it while the queue is busy:
+the policy's red threshold). A ticket that is not critical, passing every rule before it, is
+refused with queue_red when the queue already holds that many tickets (ready plus delayed), counted
+on through the batch: the queue holds below red ticket by ticket instead of overshooting it between
+the monitor's samples and cycling red and orange.
+
 Returns one flat list, four values per ticket in batch order: "queued", id, "", "" |
 "existing", id of the earlier ticket, "", "" | "rejected", id, code, words (for
-deadline_unreachable: the Retry-After seconds of the estimate, the words being left to the caller).
+deadline_unreachable and the red line's queue_red: the Retry-After seconds, the words being left to
+the caller).
 ]]
 -- @include tickets
 -- @include rejected
@@ -90,6 +97,12 @@ for i = 0, ntypes - 1 do
   cap_words[ARGV[6 + i]] = ARGV[6 + 2 * ntypes + i]
 end
 local w_in, w_out, weights, first_ticket = fairness_weights(6 + 3 * ntypes)
+-- Tickets queued now, read at the red line's first use in this call and counted on from there.
+local depth = nil
+local function queued_depth()
+  if not depth then depth = redis.call('ZCARD', KEYS[1]) + redis.call('ZCARD', KEYS[5]) end
+  return depth
+end
 -- Each type's density (lib/fairness.lua `type_density`), read at its first use in this call and
 -- then kept up to date here as tickets are queued.
 local densities = {}
@@ -186,10 +199,18 @@ for i = 1, #starts do
       code, words = fair_share_verdict(waiting[ticket_type], held, branches, tokens, weighted,
         density_of(ticket_type), caps[ticket_type], cap_words[ticket_type])
     end
+    local critical = pair_value(fields_at, fields_end, 'admit_late') == '1'
+    local red_line = tonumber(pair_value(fields_at, fields_end, 'red_line') or '') or 0
+    if code == '' and red_line > 0 and not critical and queued_depth() >= red_line then
+      -- Red's refusal, decided per ticket: the queue never holds more than the red line of work
+      -- that is not critical, so the level (the monitor's smoothed depth) holds below red.
+      if (tonumber(retry_after) or 0) <= 0 then retry_after = '1' end  -- a caller without admission's
+      code, words = 'queue_red', retry_after
+    end
     local deadline = carried_deadline(fields_at, fields_end, first_seen)
     if code == '' then
       local late = deadline_refusal(KEYS[1], monitor_key, score, tonumber(created), deadline,
-        pair_value(fields_at, fields_end, 'admit_late') == '1', pair_value(fields_at, fields_end, 'ahead_types'))
+        critical, pair_value(fields_at, fields_end, 'ahead_types'))
       if late then
         retry_after = string.format('%.1f', late)
         code, words = 'deadline_unreachable', retry_after
@@ -230,6 +251,7 @@ for i = 1, #starts do
       end
       if idem_key then redis.call('SET', idem_key, id, 'EX', ARGV[2]) end
       queued = queued + 1
+      if depth then depth = depth + 1 end
       emit('queued', id, '', '')
     end
   end

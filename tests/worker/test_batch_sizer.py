@@ -148,7 +148,7 @@ def test_waiting_seen_in_one_sample_only_leaves_the_limit_alone() -> None:
     assert limits == [32] * 10
 
 
-def test_token_budget_counts_what_was_claimed_since_the_sample() -> None:
+def test_token_budget_counts_what_was_claimed_and_what_left_since_the_sample() -> None:
     sizer = BatchSizer(kv_bytes_per_token=KV_BYTES, safety_margin=0.15)
     assert sizer.token_budget(0) is None  # no vLLM figures yet: no budget
     sizer.update(
@@ -162,7 +162,7 @@ def test_token_budget_counts_what_was_claimed_since_the_sample() -> None:
     )
     # 8000 free tokens × 0.85 = 6800, less the 1500 claimed since the sample.
     assert sizer.token_budget(2000) == 6800 - 1500
-    assert sizer.token_budget(400) == 6800
+    assert sizer.token_budget(400) == 6800 + 100, "a departure's tokens are credited at once"
 
 
 def test_average_ticket_size_follows_recent_tickets() -> None:

@@ -84,3 +84,14 @@ def test_it_lifts_when_no_critical_answer_finished_within_the_horizon() -> None:
 def test_a_bad_run_share_is_refused() -> None:
     with pytest.raises(ValueError, match="run_share"):
         Throttle(32, run_share=0)
+
+
+def test_a_dip_in_capacity_does_not_drag_the_throttle_down_with_it() -> None:
+    clock = Clock()
+    throttle = Throttle(32, now=clock)
+    feed(throttle, 1.5)
+    assert throttle.limit(32) == 24
+    feed(throttle, 0.9)
+    assert throttle.limit(12) == 12, "capacity binds while it is lower"
+    feed(throttle, 0.9)
+    assert throttle.limit(30) == 24, "and the throttle's own limit is back when it rises"
