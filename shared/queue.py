@@ -174,15 +174,12 @@ class TicketQueue(QueueLeases, QueueReads):
         take_first_over_budget: bool = True,
         normal_count: int | None = None,
         normal_budget: int | None = None,
-        normal_prompt_budget: int = 0,
-        normal_prompt_first_over: bool = True,
     ) -> list[ClaimedTicket]:
         """Lease up to `max_count` tickets in priority order, within `token_budget` (0 = none).
 
         `normal_count` and `normal_budget` (default: the whole count and budget) bound the tickets
         of types the policy does not mark `critical`; the rest is headroom only critical tickets at
-        the head of the queue may take. `normal_prompt_budget` (0 = none) bounds their prompt
-        tokens (the prefill guard); `normal_prompt_first_over` lets the first of them exceed it.
+        the head of the queue may take.
         """
         if max_count < 1:
             return []
@@ -215,8 +212,6 @@ class TicketQueue(QueueLeases, QueueReads):
                 *types,
                 max_count if normal_count is None else min(normal_count, max_count),
                 token_budget if normal_budget is None else min(normal_budget, token_budget),
-                max(normal_prompt_budget, 0),
-                "1" if normal_prompt_first_over else "0",
                 *self.policy.fairness.cost_args(),
                 *critical,
             ],

@@ -1,11 +1,14 @@
-"""How many tickets a worker keeps in flight, from free GPU memory and vLLM's KV cache.
+"""How many tickets a worker keeps in flight (its capacity), and the KV tokens the next claim may take.
 
 Two views are combined because neither is enough alone: vLLM pre-allocates its KV cache, so the
 free memory NVML reports says nothing about how full that cache is, while vLLM's own metrics say
-nothing about another process eating the GPU. The limit is the smaller of the two, clamped to
-[1, max_batch], and shrinks multiplicatively while the KV cache is above its high watermark.
-The KV view counts the worker's own tickets at their full size (prompt + max_tokens), not at what
-they hold now: a cache that looks half free can still be exhausted by answers yet to be written.
+nothing about another process eating the GPU. The count comes from free GPU memory (clamped to
+[1, max_batch]), capped at what vLLM runs while it keeps queueing, and shrinks multiplicatively
+while the KV cache is above its high watermark. The KV cache itself is decided once, in tokens: the
+token budget counts the worker's own tickets at their full size (prompt + max_tokens), not at what
+they hold now, so a cache that looks half free cannot be exhausted by answers yet to be written. (A
+count from the cache, by an average ticket size, swung between a few and `max_batch` from one
+sample to the next and held the batch back while the budget had room.)
 """
 
 from __future__ import annotations
@@ -38,36 +41,6 @@ def memory_limit(free_bytes: int, per_ticket_bytes: int, safety_margin: float, m
     return clamp(int(usable // per_ticket_bytes), max_batch)
 
 
-def kv_limit(
-    free_kv_tokens: int, per_ticket_tokens: int, safety_margin: float, own_inflight: int, max_batch: int
-) -> int:
-    """Tickets the KV cache can hold: those already running plus what fits in the free blocks.
-
-    The worker's own running tickets keep their slots (they already hold their blocks); the free
-    blocks, less the safety margin, add room for more of the average size.
-    """
-    more = int(max(free_kv_tokens, 0) * (1.0 - safety_margin) // per_ticket_tokens)
-    return clamp(own_inflight + more, max_batch)
-
-
-def reserved_kv_limit(
-    kv_capacity_tokens: int,
-    own_reserved_tokens: int,
-    per_ticket_tokens: int,
-    safety_margin: float,
-    own_inflight: int,
-    max_batch: int,
-) -> int:
-    """Tickets that fit when every running ticket is counted at its full size (prompt + max_tokens).
-
-    Free blocks alone overstate the room: running tickets still grow by their answers, and tickets
-    just sent hold no blocks until their prefill. Counting what this worker has reserved keeps the
-    cache within the margin however long the answers get (the GPU's worker is its only client).
-    """
-    room = int(kv_capacity_tokens * (1.0 - safety_margin)) - own_reserved_tokens
-    return clamp(own_inflight + max(room, 0) // per_ticket_tokens, max_batch)
-
-
 def clamp(value: int, max_batch: int) -> int:
     return max(1, min(value, max_batch))
 
@@ -89,7 +62,8 @@ class SizerInputs:
 class SizerDecision:
     limit: int
     memory_limit: int | None
-    kv_limit: int | None
+    engine_cap: int | None
+    """What vLLM runs, while it keeps queueing requests of its own; None otherwise."""
     per_ticket_tokens: int
     kv_usage: float | None
     free_kv_tokens: int | None
@@ -192,7 +166,7 @@ class BatchSizer:
                     self.safety_margin,
                     self.max_batch,
                 )
-            kv = self._kv_limit(inputs, per_ticket)
+            kv = self._engine_cap(inputs)
             vllm = inputs.vllm
             usage = vllm.kv_usage if vllm is not None else None
             previous = self._limit
@@ -207,7 +181,7 @@ class BatchSizer:
             self.last = decision
         if new != previous:
             log.info(
-                "batch limit %d -> %d (%s; memory limit %s, KV limit %s, %d tokens per ticket)",
+                "batch limit %d -> %d (%s; memory limit %s, engine cap %s, %d tokens per ticket)",
                 previous,
                 new,
                 reason,
@@ -217,34 +191,16 @@ class BatchSizer:
             )
         return decision
 
-    def _kv_limit(self, inputs: SizerInputs, per_ticket: int) -> int | None:
-        """The limit vLLM's KV cache allows: free blocks, what this worker reserved, and no more than
-        vLLM runs while it keeps queueing. None without vLLM figures."""
+    def _engine_cap(self, inputs: SizerInputs) -> int | None:
+        """No more than vLLM runs while it keeps queueing; None otherwise (or without its figures)."""
         vllm = inputs.vllm
-        if vllm is None:
-            return None
-        kv = None
-        if vllm.free_kv_tokens is not None:
-            kv = kv_limit(
-                vllm.free_kv_tokens, per_ticket, self.safety_margin, inputs.own_inflight, self.max_batch
-            )
-        if vllm.kv_capacity_tokens is not None:
-            reserved = reserved_kv_limit(
-                vllm.kv_capacity_tokens,
-                inputs.own_reserved_tokens,
-                per_ticket,
-                self.safety_margin,
-                inputs.own_inflight,
-                self.max_batch,
-            )
-            kv = reserved if kv is None else min(kv, reserved)
-        queueing = vllm.waiting > 0 and vllm.running > 0
+        queueing = vllm is not None and vllm.waiting > 0 and vllm.running > 0
         self._waiting_streak = self._waiting_streak + 1 if queueing else 0
-        if self._waiting_streak >= WAITING_SAMPLES:
-            # vLLM keeps queueing internally: tickets waiting there lose tidegate's priority
-            # order, so hold them in Redis instead of sending more than vLLM runs.
-            kv = min(kv if kv is not None else self.max_batch, clamp(vllm.running, self.max_batch))
-        return kv
+        if vllm is None or self._waiting_streak < WAITING_SAMPLES:
+            return None
+        # vLLM keeps queueing internally: tickets waiting there lose tidegate's priority order, so
+        # hold them in Redis instead of sending more than vLLM runs.
+        return clamp(vllm.running, self.max_batch)
 
     def _next_limit(
         self, target: int, usage: float | None, mem: int | None, kv: int | None
@@ -266,9 +222,11 @@ class BatchSizer:
         return clamp(target, self.max_batch), f"bounded by {name}", bound
 
     def _binding(self, mem: int | None, kv: int | None) -> tuple[str, Bound]:
-        candidates = {
-            ("free GPU memory", Bound.MEMORY): mem,
-            ("free KV cache", Bound.KV): kv,
-            ("max_batch", Bound.MAX_BATCH): self.max_batch,
-        }
-        return min((v, k) for k, v in candidates.items() if v is not None)[1]
+        """The smallest bound; on a tie `max_batch`, then memory: the one a change would not move."""
+        candidates = [
+            (self.max_batch, ("max_batch", Bound.MAX_BATCH)),
+            (mem, ("free GPU memory", Bound.MEMORY)),
+            (kv, ("what vLLM runs while it queues", Bound.KV)),
+        ]
+        least = min(v for v, _ in candidates if v is not None)
+        return next(name for v, name in candidates if v == least)

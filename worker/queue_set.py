@@ -78,19 +78,15 @@ class QueueSet:
         take_first_over_budget: bool = True,
         normal_count: int | None = None,
         normal_budget: int | None = None,
-        normal_prompt_budget: int = 0,
-        normal_prompt_first_over: bool = True,
         among: Collection[str] | None = None,
     ) -> list[ClaimedTicket]:
-        """Claim in queue order within one count and budget (and the prefill guard's prompt
-        budget); a later queue only once the earlier ones have nothing ready, so a ticket of an
-        earlier queue is never passed over. `among` names the queues to claim from (those whose
+        """Claim in queue order within one count and budget; a later queue only once the earlier
+        ones have nothing ready, so a ticket of an earlier queue is never passed over. `among` names the queues to claim from (those whose
         circuit lets claims through); the others are passed over as if empty."""
         out: list[ClaimedTicket] = []
         count, budget = max_count, token_budget
         normal_left = max_count if normal_count is None else normal_count
         normal_tokens = token_budget if normal_budget is None else normal_budget
-        prompts, first_over = normal_prompt_budget, normal_prompt_first_over
         serving = [q for q in self.queues if among is None or q.keys.queue in among]
         for index, queue in enumerate(serving):
             if index > 0 and (count < 1 or queue_has_ready(serving[index - 1])):
@@ -103,8 +99,6 @@ class QueueSet:
                 take_first_over_budget=take_first_over_budget and not out,
                 normal_count=max(normal_left, 0),
                 normal_budget=max(normal_tokens, 0),
-                normal_prompt_budget=max(prompts, 1) if normal_prompt_budget > 0 else 0,
-                normal_prompt_first_over=first_over,
             )
             with self._lock:
                 for item in got:
@@ -116,8 +110,6 @@ class QueueSet:
                 if not self.policy.is_critical(item.ticket.type):
                     normal_left -= 1
                     normal_tokens -= cost
-                    prompts -= item.ticket.prompt_tokens_estimate
-                    first_over = False
             out += got
         return out
 

@@ -6,9 +6,6 @@ answer would overflow what the worker's KV cache can hold (priority order is nev
 Headroom for critical types: tickets of other types stop at a smaller count and budget (the normal
 share), and once that share is full the claim goes on only while the head of the queue is critical,
 so a loan arriving at a busy worker still finds a slot without any ticket overtaking another.
-The prefill guard bounds the prompt tokens of non-critical tickets the claim may take, so a burst of
-long prompts cannot fill every engine step with prefill (the first one may exceed it when the worker
-has no such prompt still in prefill, so one long prompt is never held back for ever).
 Fair share: within the band of the queue's head (its type and priority), the ticket taken is the
 first of the waiting branch whose weighted tokens claimed so far are least (lib/fairness.lua), and
 each claimed ticket's weighted tokens are counted to its branch.
@@ -38,11 +35,9 @@ ARGV[8] n, the number of types
 ARGV[9..8+n] type names
 ARGV[9+n] most tickets of non-critical types in this claim (≤ ARGV[2])
 ARGV[10+n] token budget of non-critical types (≤ ARGV[5]; ignored when ARGV[5] is 0)
-ARGV[11+n] prompt tokens of non-critical types this claim may take; 0 = no bound
-ARGV[12+n] "1" = the first non-critical ticket may exceed ARGV[11+n] (none is in prefill)
-ARGV[13+n], ARGV[14+n] weight of a prompt token, of an answer token (max_tokens is charged)
-ARGV[15+n] m, then m pairs: branch, its weight (branches not named weigh 1)
-ARGV[16+n+2m..] names of the critical types, which may use the whole count and budget
+ARGV[11+n], ARGV[12+n] weight of a prompt token, of an answer token (max_tokens is charged)
+ARGV[13+n] m, then m pairs: branch, its weight (branches not named weigh 1)
+ARGV[14+n+2m..] names of the critical types, which may use the whole count and budget
 
 Returns {claimed, expired}: claimed is a list of flat HGETALL arrays of the leased tickets (each
 carrying its new `token`); expired counts tickets ended because their TTL passed.
@@ -65,9 +60,7 @@ local services = waiting_keys(9 + 2 * ntypes, 9, ntypes)
 local branch_tokens = waiting_keys(9 + 3 * ntypes, 9, ntypes)
 local normal_limit = tonumber(ARGV[9 + ntypes])
 local normal_budget = tonumber(ARGV[10 + ntypes])
-local prompt_budget = tonumber(ARGV[11 + ntypes])
-local prompt_first_over = ARGV[12 + ntypes] == '1'
-local w_in, w_out, weights, critical_at = fairness_weights(13 + ntypes)
+local w_in, w_out, weights, critical_at = fairness_weights(11 + ntypes)
 local critical = {}
 for i = critical_at, #ARGV do
   critical[ARGV[i]] = true
@@ -78,8 +71,6 @@ index_promoted(promote_due(KEYS[2], KEYS[1], prefix, now, 1000), prefix, depths)
 local claimed = {}
 local expired = 0
 local used = 0
-local prompts = 0
-local normal_taken = 0
 local scanned = 0
 -- The head of the queue, read a window at a time: every id read is taken, ended or dropped below
 -- before the next, so the window stays the head while the claim runs.
@@ -148,13 +139,6 @@ while #claimed < limit and scanned < limit + 1000 do
     if #claimed >= count_cap then break end
     local over = budget > 0 and used + cost > token_cap
     if over and not (#claimed == 0 and ARGV[6] == '1') then break end
-    if not critical[ticket_type] then
-      local prompt = tonumber(t[4]) or 0
-      local long = prompt_budget > 0 and prompts + prompt > prompt_budget
-      if long and not (normal_taken == 0 and prompt_first_over) then break end
-      prompts = prompts + prompt
-      normal_taken = normal_taken + 1
-    end
     used = used + cost
     local token = redis.call('INCR', KEYS[6])
     unqueue(id, KEYS[1], KEYS[2], KEYS[3], waiting[ticket_type] or KEYS[1], depths[ticket_type],

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from worker.batch_sizer import WAITING_SAMPLES, BatchSizer, SizerInputs, kv_limit, memory_limit
+from worker.batch_sizer import WAITING_SAMPLES, BatchSizer, SizerInputs, memory_limit
 from worker.model_spec import ModelSpec
 from worker.vllm_metrics import VllmMetrics
 
@@ -40,25 +40,6 @@ def test_memory_limit_is_the_issue_formula() -> None:
     assert memory_limit(100 * GIB, per_ticket, 0.15, 32) == 32
     assert memory_limit(0, per_ticket, 0.15, 32) == 1
     assert memory_limit(-5, per_ticket, 0.15, 32) == 1
-
-
-def test_kv_limit_keeps_running_tickets_and_adds_what_fits() -> None:
-    assert (
-        kv_limit(
-            free_kv_tokens=10_000, per_ticket_tokens=1000, safety_margin=0.15, own_inflight=0, max_batch=32
-        )
-        == 8
-    )
-    assert (
-        kv_limit(
-            free_kv_tokens=10_000, per_ticket_tokens=1000, safety_margin=0.15, own_inflight=5, max_batch=32
-        )
-        == 13
-    )
-    assert (
-        kv_limit(free_kv_tokens=0, per_ticket_tokens=1000, safety_margin=0.15, own_inflight=0, max_batch=32)
-        == 1
-    )
 
 
 @given(
@@ -99,17 +80,17 @@ def test_sizer_limit_never_leaves_one_to_32(
         assert sizer.limit == decision.limit
 
 
-def test_limit_is_the_smaller_of_memory_and_kv() -> None:
+def test_memory_bounds_the_count_and_the_kv_cache_the_tokens() -> None:
     sizer = BatchSizer(kv_bytes_per_token=KV_BYTES)
     for _ in range(10):
         sizer.observe(1000)
-    # Memory: 4 GiB × 0.85 / (1000 × 512 KiB) = 6; KV: 16 000 free tokens × 0.85 / 1000 = 13.
-    decision = sizer.update(sample(4 * GIB, metrics(0.0, blocks=1000)))
-    assert (decision.memory_limit, decision.kv_limit, decision.limit) == (6, 13, 6)
-    assert "free GPU memory" in decision.reason
+    # Memory: 4 GiB × 0.85 / (1000 × 512 KiB) = 6 tickets; the cache decides in tokens, not a count.
+    decision = sizer.update(sample(4 * GIB, metrics(0.5, blocks=1000)))
+    assert (decision.memory_limit, decision.engine_cap, decision.limit) == (6, None, 6)
+    assert "free GPU memory" in decision.reason and sizer.bound == "memory"
     decision = sizer.update(sample(40 * GIB, metrics(0.5, blocks=1000)))
-    assert (decision.kv_limit, decision.limit) == (6, 6)
-    assert "free KV cache" in decision.reason
+    assert decision.limit == 32 and sizer.bound == "max_batch"
+    assert sizer.token_budget(0) == int(8000 * 0.85)
 
 
 def test_limit_shrinks_while_kv_is_above_the_watermark_and_grows_back_gradually() -> None:

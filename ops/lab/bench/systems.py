@@ -37,6 +37,7 @@ from ops.lab.traffic.player import PlayerSettings, RetryPolicy, TrafficPlayer
 from ops.lab.traffic.records import OUTCOMES, TicketRecord
 from ops.lab.traffic.timeseries import take_sample
 from ops.lab.traffic.workload import PlannedArrival
+from shared.live_workers import read_live_workers
 from shared.policy import AlarmLevel, Policy
 from shared.queue import TicketQueue
 
@@ -154,7 +155,12 @@ class SystemRunner:
 
         def probe() -> SystemState:
             sample = take_sample(queue, self.setup.policy, 0.0)
-            return SystemState(sample.depth, sample.inflight, int(AlarmLevel.parse(sample.level)))
+            bounds = ",".join(
+                sorted({w.bound for w in read_live_workers(queue.redis, queue.keys) if w.bound})
+            )
+            return SystemState(
+                sample.depth, sample.inflight, int(AlarmLevel.parse(sample.level)), bounds or None
+            )
 
         before = read_counters(stack.vllm_urls)
         timeline = Timeline(probe, stack.vllm_urls, s.sample_interval_s)
@@ -340,7 +346,7 @@ def watch(
             progress(
                 f"{name} {elapsed:5.0f} s: queued {last.depth}, in flight {last.inflight}, alarm {level}, "
                 f"KV {last.kv_usage_max if last.kv_usage_max is not None else '-'}, "
-                f"OOM crashes {last.oom_crashes}"
+                f"OOM crashes {last.oom_crashes}" + (f", bound by {last.bound}" if last.bound else "")
             )
             next_line += PROGRESS_EVERY_S
 

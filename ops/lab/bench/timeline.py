@@ -32,6 +32,8 @@ class Sample:
     kv_usage_max: float | None
     oom_crashes: int | None
     """Cumulative since the run started, over every model server."""
+    bound: str | None = None
+    """What bound tidegate's workers' next claims (worker/claim_plan.py), comma-joined."""
 
     def to_dict(self) -> dict[str, float | int | None]:
         return asdict(self)
@@ -45,6 +47,7 @@ class SystemState:
     inflight: int
     alarm_level: int | None
     """0..3 (green..red); None for a system without alarms."""
+    bound: str | None = None
 
 
 SystemProbe = Callable[[], SystemState]
@@ -126,4 +129,5 @@ class Timeline:
             sim_waiting=counters.waiting if counters else None,
             kv_usage_max=round(counters.kv_usage_max, 4) if counters else None,
             oom_crashes=counters.oom_crashes - self._crashes_at_start if counters else None,
+            bound=state.bound if state else None,
         )

@@ -51,4 +51,6 @@ def test_admission_draws_the_line_only_while_the_queue_is_busy(
     admission = AdmissionController(redis_client, policy, ticket_queue.keys, cache_seconds=0)
     assert admission.decide(req("complaint")).options.red_line == 0, "green: bursts queue freely"
     publish_alarm(redis_client, ticket_queue.keys, "yellow")
-    assert admission.decide(req("complaint")).options.red_line == policy.alarms.red
+    assert (
+        admission.decide(req("complaint")).options.red_line == policy.alarms.red - policy.alarms.clear_margin
+    )

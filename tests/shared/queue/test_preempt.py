@@ -1,4 +1,4 @@
-"""Preemption's requeue script and the claim's prompt budget (the prefill guard), on real Redis."""
+"""Preemption's requeue script, on real Redis."""
 
 from __future__ import annotations
 
@@ -73,26 +73,3 @@ def test_preempting_needs_the_current_lease_and_a_live_ttl(
     assert ticket_queue.preempt(ticket_id, claimed.token, "complaint", "x", max_preemptions=2) == "expired"
     ticket = ticket_queue.get(ticket_id)
     assert ticket is not None and ticket.status is TicketStatus.EXPIRED
-
-
-def test_the_prompt_budget_holds_back_long_prompts_of_other_types_only(
-    ticket_queue: TicketQueue, fake_clock: FakeClock
-) -> None:
-    long_prompt = "archive page " * 400
-    archives = []
-    for _ in range(3):
-        archives.append(ticket_queue.enqueue(req("archive_query", prompt=long_prompt)).ticket_id)
-        fake_clock.at += 0.01
-    prompt = ticket_queue.get(archives[0])
-    assert prompt is not None
-    size = prompt.prompt_tokens_estimate
-    # Room for two of the three prompts: the claim stops before the third.
-    taken = ticket_queue.claim("w", 5, normal_prompt_budget=2 * size, normal_prompt_first_over=False)
-    assert [c.ticket.id for c in taken] == archives[:2]
-    # Less than one prompt left: none, unless nothing is in prefill (then the first may exceed it).
-    assert ticket_queue.claim("w", 5, normal_prompt_budget=size // 2, normal_prompt_first_over=False) == []
-    taken = ticket_queue.claim("w", 5, normal_prompt_budget=size // 2, normal_prompt_first_over=True)
-    assert [c.ticket.id for c in taken] == archives[2:]
-    loans = [ticket_queue.enqueue(req("loan_approval", prompt=long_prompt)).ticket_id for _ in range(2)]
-    taken = ticket_queue.claim("w", 5, normal_prompt_budget=1, normal_prompt_first_over=False)
-    assert sorted(c.ticket.id for c in taken) == sorted(loans), "critical prompts are not bounded"
