@@ -210,7 +210,8 @@ for i = 1, #starts do
     local deadline = carried_deadline(fields_at, fields_end, first_seen)
     if code == '' then
       local late = deadline_refusal(KEYS[1], monitor_key, score, tonumber(created), deadline,
-        critical, pair_value(fields_at, fields_end, 'ahead_types'))
+        critical, pair_value(fields_at, fields_end, 'ahead_types'),
+        tonumber(pair_value(fields_at, fields_end, 'slo_seconds') or ''))
       if late then
         retry_after = string.format('%.1f', late)
         code, words = 'deadline_unreachable', retry_after

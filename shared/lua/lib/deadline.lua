@@ -16,6 +16,10 @@ ticket is admitted: the rule refuses only on evidence.
 local DRAIN_STALE_SECONDS = 5
 -- As producer/admission.py RETRY_AFTER_MAX: the longest Retry-After given.
 local MAX_RETRY_AFTER = 60
+-- Share of a ticket's SLO left for its answer: it must be estimated to start that long before its
+-- deadline. Starting just in time admitted tickets the worker then ended unstarted (its own rule
+-- keeps a moment for the answer) or answered late.
+local RUN_SHARE = 0.25
 
 -- The value of field `name` among the ARGV field pairs from `first` to `last`, or nil.
 local function pair_value(first, last, name)
@@ -64,10 +68,12 @@ local function start_estimate(pending_key, monitor_key, score, now, ahead_types)
 end
 
 -- The deadline rule: nil to admit, else the seconds after which a request like this one could
--- start within the same time to spare (its Retry-After). Exempt tickets (`admit_late`) pass.
-local function deadline_refusal(pending_key, monitor_key, score, now, deadline, admit_late, ahead_types)
+-- start within the same time to spare (its Retry-After). Exempt tickets (`admit_late`) pass. The
+-- start must come `RUN_SHARE` of its SLO (`slo`, when known) before the deadline.
+local function deadline_refusal(pending_key, monitor_key, score, now, deadline, admit_late, ahead_types, slo)
   if admit_late or not deadline then return nil end
   local wait = start_estimate(pending_key, monitor_key, score, now, ahead_types)
-  if not wait or now + wait <= deadline then return nil end
-  return math.min(math.max(1, wait - math.max(deadline - now, 0)), MAX_RETRY_AFTER)
+  local latest = deadline - RUN_SHARE * (slo or 0)
+  if not wait or now + wait <= latest then return nil end
+  return math.min(math.max(1, wait - math.max(latest - now, 0)), MAX_RETRY_AFTER)
 end
