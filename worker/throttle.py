@@ -22,7 +22,7 @@ from shared import clock
 
 log = logging.getLogger(__name__)
 
-RUN_SHARE = 0.5
+RUN_SHARE = 0.6
 """Share of a critical ticket's SLO its run may use; the rest is the wait in Redis and the poll."""
 RECENT_ANSWERS = 32
 """Critical answers whose run times make the percentile: a few seconds' worth under a surge."""
