@@ -104,14 +104,13 @@ while #claimed < limit and scanned < limit + 1000 do
   end
   local from_head = true
   if t[1] == 'queued' and t[2] and tonumber(t[3]) > now then
-    local pick = id
+    local pick, pick_fields = id, nil
     if several_waiting(t[2]) then
-      pick = fair_pick(id, t[6], t[8], depths[t[2]], services[t[2]], KEYS[1], prefix)
+      pick, pick_fields = fair_pick(id, t[6], t[8], depths[t[2]], services[t[2]], prefix, FIELDS, 8)
     end
     if pick ~= id then
       head_id, head_fields = id, t
-      id, key, from_head = pick, prefix .. pick, false
-      t = redis.call('HMGET', key, unpack(FIELDS))
+      id, key, t, from_head = pick, prefix .. pick, pick_fields, false
     end
   end
   if from_head then next_in_window = next_in_window + 1 end

@@ -92,54 +92,66 @@ local function index_promoted(ids, prefix, depths)
   end
 end
 
--- A branch about to wait for a type (none of its tickets is queued): lift its service to the
--- least service of the branches waiting, never lower it (a branch not counted yet starts there).
-local function lift_service(service_key, branch)
-  local least = redis.call('ZRANGE', service_key, 0, 0, 'WITHSCORES')[2]
-  if least then
-    local own = redis.call('ZSCORE', service_key, branch)
-    if not own or tonumber(own) < tonumber(least) then
-      redis.call('ZADD', service_key, least, branch)
-    end
+-- Lift `branch`'s service (`own`, nil when not counted) to `least`, the least service of the
+-- branches waiting; never lower it (a branch not counted yet starts there).
+local function lift_to(service_key, branch, own, least)
+  if not own or tonumber(own) < tonumber(least) then
+    redis.call('ZADD', service_key, least, branch)
   end
 end
 
--- The branch's first ticket still in the pending set, and its score (nil when none).
-local function first_pending(depth_key, branch, pending_key)
+-- A branch about to wait for a type (none of its tickets is queued): lift its service to the
+-- least service of the branches waiting.
+local function lift_service(service_key, branch)
+  local least = redis.call('ZRANGE', service_key, 0, 0, 'WITHSCORES')[2]
+  if least then lift_to(service_key, branch, redis.call('ZSCORE', service_key, branch), least) end
+end
+
+-- The branch's first ticket still queued, with its `fields` (a list starting with 'status') read in
+-- the same call; nil when none. Entries whose ticket is no longer queued leave the branch's queue.
+local function first_pending(depth_key, branch, prefix, fields)
   local queue_key = branch_queue_key(depth_key, branch)
   for _ = 1, 100 do
-    local head = redis.call('ZRANGE', queue_key, 0, 0, 'WITHSCORES')
-    if not head[1] then return nil end
-    if redis.call('ZSCORE', pending_key, head[1]) then return head[1], tonumber(head[2]) end
-    redis.call('ZREM', queue_key, head[1])
+    local head = redis.call('ZRANGE', queue_key, 0, 0)[1]
+    if not head then return nil end
+    local t = redis.call('HMGET', prefix .. head, unpack(fields))
+    if t[1] == 'queued' then return head, t end
+    redis.call('ZREM', queue_key, head)
   end
   return nil
 end
 
 local PICK_SCAN = 4
 -- Which ticket the claim takes instead of the head `id` (its branch and priority given): the
--- first pending ticket of equal priority of the waiting branch with the least service; the head
--- itself when its branch is served least (the caller skips this while one branch waits). Branches are read from the least
--- served up, at most PICK_SCAN of them; one no longer waiting leaves the service set on the way
--- (its service is forgotten: it was at most the least, which a branch that waits again gets).
-local function fair_pick(id, branch, priority, depth_key, service_key, pending_key, prefix)
+-- first queued ticket of equal priority of the waiting branch with the least service; the head
+-- itself when its branch is served least (the caller skips this while one branch waits). Branches
+-- are read from the least served up, at most PICK_SCAN of them, in one read that also gives the
+-- head branch's own service when it is among them; one no longer waiting leaves the service set on
+-- the way (its service is forgotten: it was at most the least, which a branch that waits again
+-- gets). Returns the id and, for another ticket, its `fields` (`priority_at` indexes its priority).
+local function fair_pick(id, branch, priority, depth_key, service_key, prefix, fields, priority_at)
   if not depth_key or not service_key or not branch then return id end
-  local least = redis.call('ZRANGE', service_key, 0, 0, 'WITHSCORES')
-  if least[1] == branch or not least[1] then return id end
-  local own = redis.call('ZSCORE', service_key, branch)
-  if not own then
-    lift_service(service_key, branch)
-    return id  -- lifted to the least: a tie, which the head wins
-  end
-  own = tonumber(own)
-  if tonumber(least[2]) >= own then return id end
   local lowest = redis.call('ZRANGE', service_key, 0, PICK_SCAN - 1, 'WITHSCORES')
+  if not lowest[1] or lowest[1] == branch then return id end
+  local own
+  for i = 3, #lowest, 2 do
+    if lowest[i] == branch then own = tonumber(lowest[i + 1]) end
+  end
+  if not own then
+    own = redis.call('ZSCORE', service_key, branch)
+    if not own then
+      lift_to(service_key, branch, nil, lowest[2])
+      return id  -- lifted to the least: a tie, which the head wins
+    end
+    own = tonumber(own)
+  end
+  if tonumber(lowest[2]) >= own then return id end
   for i = 1, #lowest, 2 do
     local other, served = lowest[i], tonumber(lowest[i + 1])
     if served >= own or other == branch then return id end
-    local other_id = first_pending(depth_key, other, pending_key)
+    local other_id, t = first_pending(depth_key, other, prefix, fields)
     if other_id then
-      if redis.call('HGET', prefix .. other_id, 'priority') == priority then return other_id end
+      if t[priority_at] == priority then return other_id, t end
     elseif redis.call('HEXISTS', depth_key, other) == 0 then
       redis.call('ZREM', service_key, other)
     end

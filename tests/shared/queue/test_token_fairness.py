@@ -121,3 +121,25 @@ def test_a_branch_that_starts_waiting_is_lifted_to_the_least_service(
     assert redis_client.zscore(service_key, "late") == pytest.approx(least)
     taken = [c.ticket.branch_id for c in queue.claim("w", 6)]
     assert taken.count("late") <= 3, "the newcomer takes its turn, not every turn it missed"
+
+
+def test_a_stale_entry_in_the_least_served_branchs_queue_is_dropped_and_its_next_ticket_taken(
+    redis_client: Redis, policy: Policy, queue_name: str
+) -> None:
+    """The pick reads the least served branch's first ticket with its fields; one whose hash is
+    gone (its retention ran out) leaves the branch's queue and the next one is taken."""
+    fair = _policy(policy)
+    producer = Producer(redis_client, fair, queue_name, admission_cache_seconds=0)
+    queue = TicketQueue(redis_client, fair, queue_name)
+    _submit(producer, "ahead", SHORT_PROMPT, 3)
+    _submit(producer, "behind", SHORT_PROMPT, 3)
+    service_key = queue.keys.branch_service("complaint")
+    redis_client.zadd(service_key, {"ahead": 1_000.0, "behind": 0.0})
+    branch_queue = queue.keys.branch_queue("complaint", "behind")
+    stale, *live = redis_client.zrange(branch_queue, 0, -1)
+    redis_client.delete(queue.keys.ticket(stale))
+    redis_client.zrem(queue.keys.pending, stale)  # as the claim drops an entry whose hash is gone
+
+    (taken,) = queue.claim("w", 1)
+    assert taken.ticket.id == live[0], "the least served branch's next live ticket"
+    assert redis_client.zrange(branch_queue, 0, -1) == live[1:]
