@@ -40,9 +40,22 @@ def test_check_follows_the_heartbeat(
     sim = simulator()
     running = start_worker(sim.base_url)
     worker_id = running.worker.config.worker_id
-    wait_until(lambda: running.worker.housekeeping.observed.vllm is not None, 5, "the worker to start")
-    named = tidegate_worker(worker_env, "--check", "--queue", queue_name, "--worker-id", worker_id, "--json")
-    assert named.exit_code == 0, named.output
+    # The first heartbeat follows the first resize on the housekeeping thread: wait for the check
+    # itself to pass rather than for a figure written before the beat.
+    named = wait_until(
+        lambda: (
+            found
+            if (
+                found := tidegate_worker(
+                    worker_env, "--check", "--queue", queue_name, "--worker-id", worker_id, "--json"
+                )
+            ).exit_code
+            == 0
+            else None
+        ),
+        10,
+        "the worker's first heartbeat",
+    )
     document = json.loads(named.stdout)
     assert document["alive"] is True and document["workers"][0]["worker_id"] == worker_id
     assert tidegate_worker(worker_env, "--check", "--queue", queue_name, "--gpu", "0").exit_code == 0

