@@ -11,6 +11,16 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 VENV=${TIDEGATE_VENV:-.venv}
 
+# --- real vLLM on the CPU, prepared in the background (tests marked `vllm` skip loudly when this
+# fails). It needs nothing of the project's venv, and installing it is most of the setup's time, so
+# it runs beside the installs and the static checks below and is waited for before pytest. -------
+vllm_log=$(mktemp -t tidegate-vllm-setup.XXXXXX)
+vllm_setup=""
+if [ -x ops/lab/vllm_cpu/setup_all.sh ] && [ "${TIDEGATE_SKIP_VLLM_SETUP:-0}" != 1 ]; then
+  bash ops/lab/vllm_cpu/setup_all.sh >"$vllm_log" 2>&1 &
+  vllm_setup=$!
+fi
+
 if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV"
 fi
@@ -65,21 +75,24 @@ if ! command -v chromium >/dev/null 2>&1 && [ -z "${TIDEGATE_CHROMIUM:-}" ]; the
   echo "WARNING: no chromium (need root and apt-get, or TIDEGATE_CHROMIUM); browser tests will be skipped" >&2
 fi
 
-# --- real vLLM on the CPU (tests marked `vllm` skip loudly when this fails) ----------------------
-if [ -x ops/lab/vllm_cpu/setup_all.sh ] && [ "${TIDEGATE_SKIP_VLLM_SETUP:-0}" != 1 ]; then
-  if bash ops/lab/vllm_cpu/setup_all.sh; then
-    # Prepared, so a vLLM test that cannot start its server is a failure, not a skip.
-    export TIDEGATE_REQUIRE_VLLM=1
-  else
-    echo "WARNING: vLLM-CPU could not be prepared; the tests marked 'vllm' will be skipped" >&2
-  fi
-fi
-
-# --- static checks and tests ---------------------------------------------------------------------
+# --- static checks, then the vLLM setup's outcome, then the tests --------------------------------
 "$VENV/bin/ruff" check .
 "$VENV/bin/ruff" format --check .
 "$VENV/bin/mypy"
 "$VENV/bin/lint-imports"
+
+if [ -n "$vllm_setup" ]; then
+  if wait "$vllm_setup"; then
+    cat "$vllm_log"
+    # Prepared, so a vLLM test that cannot start its server is a failure, not a skip.
+    export TIDEGATE_REQUIRE_VLLM=1
+  else
+    cat "$vllm_log" >&2
+    echo "WARNING: vLLM-CPU could not be prepared; the tests marked 'vllm' will be skipped" >&2
+  fi
+fi
+rm -f "$vllm_log"
+
 "$VENV/bin/pytest" "$@"
 
 # --- the same queue, worker and monitor tests on a real Redis Cluster ----------------------------
@@ -87,11 +100,12 @@ fi
 # them). Skipped when pytest was given arguments, so `bash ops/test.sh tests/shared -x` stays quick.
 # Only tests whose Redis calls differ on a Cluster: tests/cluster starts servers of its own and ran
 # as it is in the first pass; the breaker's scripts are checked by the store's own tests rather
-# than through two simulators; the ten-wave rollout makes the calls of the one-wave ones ten times.
+# than through two simulators; the ten-wave rollout makes the calls of the one-wave ones ten times;
+# the worker's priority and shutdown scenarios call the claim, release and reap scripts that
+# tests/shared/queue runs here directly (with crashed consumers and concurrent claimers).
 if [ "$#" -eq 0 ] && [ "${TIDEGATE_SKIP_CLUSTER_PASS:-0}" != 1 ]; then
   TIDEGATE_TEST_REDIS_CLUSTER=1 "$VENV/bin/pytest" -q -m "not vllm" \
-    tests/shared/queue tests/monitor tests/worker/test_priority.py tests/worker/test_shutdown.py \
-    tests/worker/test_leases_and_routing.py tests/worker/test_rollout.py tests/faults/test_breaker_store.py \
+    tests/shared/queue tests/monitor tests/worker/test_leases_and_routing.py tests/worker/test_rollout.py tests/faults/test_breaker_store.py \
     tests/worker/test_queue_set.py tests/producer/api/test_tickets.py \
     --deselect tests/worker/test_rollout.py::test_a_healthy_candidate_advances_wave_by_wave_and_branch_3_joins_at_wave_3
 fi

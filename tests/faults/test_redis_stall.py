@@ -189,21 +189,20 @@ def _stall_scenario(
     client.close()
 
 
-def test_short_stall_answers_503_in_bound_and_resumes(
-    private_redis: RedisHandle,
-    simulator: Callable[..., SimulatorProcess],
-    fast_policy: Policy,
-    fast_policy_file: Path,
-) -> None:
-    _stall_scenario(9.0, private_redis, simulator, fast_policy, fast_policy_file)
-
-
-@pytest.mark.slow
 @pytest.mark.timeout(200)
-def test_forty_second_stall(
+def test_a_stall_past_the_complaint_slo_answers_503_in_bound_and_resumes(
     private_redis: RedisHandle,
     simulator: Callable[..., SimulatorProcess],
     fast_policy: Policy,
     fast_policy_file: Path,
 ) -> None:
-    _stall_scenario(40.0, private_redis, simulator, fast_policy, fast_policy_file)
+    """Longer than every lease and a complaint's SLO, so queued tickets may end past their deadline.
+    Asking every route once takes most of that time already; a longer stall adds no state (TTLs
+    outlast it), only CI time."""
+    _stall_scenario(
+        2 * fast_policy.types["complaint"].slo_seconds,
+        private_redis,
+        simulator,
+        fast_policy,
+        fast_policy_file,
+    )
