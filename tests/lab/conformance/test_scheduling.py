@@ -155,7 +155,12 @@ def test_hanging_up_on_a_plain_request_aborts_it(endpoint: Endpoint) -> None:
 
 
 def test_a_full_kv_cache_preempts_and_every_request_still_completes(endpoint: Endpoint) -> None:
-    """4 sequences of 380 + 260 tokens need 20 blocks of 128; the cache has 16."""
+    """4 sequences of 380 + 260 tokens need 20 blocks of 128; the cache has 16.
+
+    The preemption counter is the proof that the cache filled: the engine preempts only when it
+    cannot allocate a block. A usage gauge polled from outside is not: on a loaded machine the
+    scrapes can miss the seconds at full (CI once saw a peak of a third with a preemption counted).
+    """
     wait_idle(endpoint)
     preemptions = metric(endpoint, "vllm:num_preemptions_total")
     results: dict[int, requests.Response] = {}
@@ -171,16 +176,13 @@ def test_a_full_kv_cache_preempts_and_every_request_still_completes(endpoint: En
     threads = [threading.Thread(target=run, args=(index,)) for index in range(endpoint.max_num_seqs)]
     for thread in threads:
         thread.start()
-    peak_usage = 0.0
-    while any(thread.is_alive() for thread in threads):
-        peak_usage = max(peak_usage, metric(endpoint, "vllm:kv_cache_usage_perc"))
-        time.sleep(0.05)
+    for thread in threads:
+        thread.join(timeout=200)
     assert sorted(results) == list(range(endpoint.max_num_seqs))
     for response in results.values():
         assert response.status_code == 200, response.text
         assert response.json()["usage"]["completion_tokens"] == 260
     assert metric(endpoint, "vllm:num_preemptions_total") > preemptions
-    assert peak_usage > 0.75
 
 
 def timed_stream(endpoint: Endpoint, body: dict[str, Any], times: list[float]) -> None:
