@@ -220,8 +220,9 @@ def test_batch_limit_follows_vllm_kv_cache_usage(
     assert "gpu_free_bytes" not in published() and "gpu_total_bytes" not in published()
 
 
-def start_generating(producer: Producer, vllm_url: str) -> str:
-    """Submit a 900-token archive query and wait until vLLM is generating it (a worker is running)."""
+def start_generating(producer: Producer, vllm_url: str) -> tuple[str, float]:
+    """Submit a 900-token archive query and wait until vLLM is generating it (a worker is running);
+    the ticket and vLLM's generated-token count from before it."""
     generated_before = sim_metric(vllm_url, "vllm:generation_tokens_total")
     (ticket_id,) = submit_many(producer, 1, max_tokens=900, ttl_seconds=60, type="archive_query")
     # vLLM was idle before the submit (the vllm_url fixture), so new tokens are this ticket's; one
@@ -232,7 +233,7 @@ def start_generating(producer: Producer, vllm_url: str) -> str:
         "the request generating in vLLM",
         interval=0.05,
     )
-    return ticket_id
+    return ticket_id, generated_before
 
 
 @pytest.mark.vllm
@@ -247,8 +248,7 @@ def test_cancel_of_a_running_ticket_aborts_its_vllm_request(
     # and a fast machine or a /metrics scrape that stalls can let all 900 tokens through (seen in
     # CI too). Either way the ticket is `done`, not the abort under test, and a fresh one is tried.
     for _ in range(3):
-        tokens_before = sim_metric(vllm_url, "vllm:generation_tokens_total")
-        ticket_id = start_generating(producer, vllm_url)
+        ticket_id, tokens_before = start_generating(producer, vllm_url)
         finished_before = succeeded(vllm_url)
         before = producer.cancel(ticket_id)
         if before == "running":
