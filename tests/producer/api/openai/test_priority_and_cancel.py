@@ -6,7 +6,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-import httpx
 import openai
 import pytest
 
@@ -88,7 +87,7 @@ def test_closing_a_stream_mid_answer_cancels_the_ticket_and_aborts_the_request(
 
 
 def test_a_non_streamed_call_that_times_out_while_queued_is_cancelled(gateway: Gateway) -> None:
-    client = gateway.client(gateway.key(default_type="complaint"), timeout=httpx.Timeout(1.0))
+    client = gateway.client(gateway.key(default_type="complaint"), timeout=1.0)
     with pytest.raises(openai.APITimeoutError):
         client.chat.completions.create(model="tidegate", messages=LOAN_MESSAGES, max_tokens=8)  # type: ignore[arg-type]
     counts = wait_until(
@@ -125,7 +124,7 @@ def test_a_non_streamed_call_closed_while_running_aborts_the_request(
 ) -> None:
     sim = simulator(time_scale=1, decode_step_s=0.05)  # the answer would take many seconds
     start_worker(sim.base_url, gpu_backend=None)
-    client = gateway.client(gateway.key(default_type="complaint"), timeout=httpx.Timeout(1.5))
+    client = gateway.client(gateway.key(default_type="complaint"), timeout=1.5)
     with pytest.raises(openai.APITimeoutError):
         client.chat.completions.create(model="tidegate", messages=LOAN_MESSAGES, max_tokens=2000)  # type: ignore[arg-type]
     wait_until(
