@@ -68,7 +68,8 @@ def test_priority_orders_the_waiting_queue(endpoint: Endpoint) -> None:
     A round proves something only when all six were seen waiting while the busy batch still held
     every slot. The batch is bounded by the 16-block cache, and on a loaded 2-core machine it can
     end before six requests are queued one by one (CI, three times) or not be seen full at all (CI,
-    once); such a round is set aside and another tried, up to three. A round that ran as planned and got the order wrong fails at once.
+    once); such a round is set aside and another tried, up to three. A round that ran as planned
+    and got the order wrong fails at once.
     """
     set_aside: list[str] = []
     for number in range(1, PRIORITY_ROUNDS + 1):
@@ -112,11 +113,13 @@ def priority_round(endpoint: Endpoint, number: int) -> dict[int, float] | str:
     def batch_ended() -> bool:
         return any(ended.is_set() for ended in busy_ended) or bool(first_token)
 
-    seen_running: list[float] = []
+    most_running = 0.0
 
     def batch_full() -> bool:
-        seen_running.append(running(endpoint))
-        return seen_running[-1] == endpoint.max_num_seqs
+        nonlocal most_running
+        now_running = running(endpoint)
+        most_running = max(most_running, now_running)
+        return now_running == endpoint.max_num_seqs
 
     try:
         if seconds_until(batch_full, 30) is None:
@@ -124,7 +127,7 @@ def priority_round(endpoint: Endpoint, number: int) -> dict[int, float] | str:
             # nothing then, and the next one is tried.
             return (
                 f"round {number}: the busy batch never held all {endpoint.max_num_seqs} slots within"
-                f" 30 s (most running seen {max(seen_running):g}, waiting {waiting(endpoint):g})"
+                f" 30 s (most running seen {most_running:g}, waiting {waiting(endpoint):g})"
             )
         for queued, priority in enumerate(PRIORITY_ARRIVALS, start=1):
             waiter = threading.Thread(target=wait_in_line, args=(priority,))
