@@ -58,9 +58,10 @@ class QueueKeys:
         return self._key(f"branch-depth:{ticket_type}")
 
     def branch_tokens(self, ticket_type: str) -> str:
-        """HASH branch → weighted tokens of its queued tickets of one type (the fair share's
-        measure at admission, docs/fairness.md); a branch has a field while it has a depth."""
-        return self._key(f"branch-tokens:{ticket_type}")
+        """HASH branch → weighted tokens of its queued tickets of one type, in thousandths (the
+        fair share's measure at admission, docs/fairness.md); a branch has a field while it has a
+        depth."""
+        return self._key(f"branch-token-units:{ticket_type}")
 
     def branch_queue(self, ticket_type: str, branch: str) -> str:
         """ZSET id → score of one branch's pending tickets of one type, in queue order: where the

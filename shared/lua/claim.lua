@@ -70,6 +70,15 @@ index_promoted(promote_due(KEYS[2], KEYS[1], prefix, now, 1000), prefix, depths)
 
 local claimed = {}
 local expired = 0
+-- Written once at the end instead of a command a ticket: the ids that left the delayed and
+-- deadline sets, the new leases (score, id pairs for the inflight set), the outcome counts of the
+-- tickets ended here and the last fencing token handed out (read once, on the first claim).
+local leaving, leases, ended_counts = {}, {}, {}
+local last_token
+local function next_token()
+  last_token = (last_token or tonumber(redis.call('GET', KEYS[6]) or '0')) + 1
+  return string.format('%d', last_token)
+end
 local used = 0
 local scanned = 0
 -- The head of the queue, read a window at a time: every id read is taken, ended or dropped below
@@ -123,9 +132,9 @@ while #claimed < limit and scanned < limit + 1000 do
     scanned = scanned + 1
   elseif tonumber(t[3]) <= now then
     unqueue(id, KEYS[1], KEYS[2], KEYS[3], waiting[ticket_type] or KEYS[1], depths[ticket_type],
-      branch_tokens[ticket_type], t[6], t[9])
+      branch_tokens[ticket_type], t[6], t[9], leaving)
     finish_ticket(key, id, ticket_type, 'expired', ARGV[1], retention,
-      'TTL passed while queued', KEYS[5], KEYS[7])
+      'TTL passed while queued', KEYS[5], KEYS[7], {counts = ended_counts})
     expired = expired + 1
     scanned = scanned + 1
   else
@@ -139,16 +148,21 @@ while #claimed < limit and scanned < limit + 1000 do
     local over = budget > 0 and used + cost > token_cap
     if over and not (#claimed == 0 and ARGV[6] == '1') then break end
     used = used + cost
-    local token = redis.call('INCR', KEYS[6])
+    local token = next_token()
     unqueue(id, KEYS[1], KEYS[2], KEYS[3], waiting[ticket_type] or KEYS[1], depths[ticket_type],
-      branch_tokens[ticket_type], t[6], t[9])
+      branch_tokens[ticket_type], t[6], t[9], leaving)
     charge_service(services[ticket_type], t[6], tonumber(t[4]) or 0, tonumber(t[5]) or 0, w_in, w_out,
       weights)
     redis.call('HSET', key, 'status', 'running', 'token', token, 'worker', ARGV[4],
       'started_at', ARGV[1], 'lease_until', now + lease, 'attempts', (tonumber(t[7]) or 0) + 1)
-    redis.call('ZADD', KEYS[4], now + lease, id)
+    leases[#leases + 1], leases[#leases + 2] = now + lease, id
     claimed[#claimed + 1] = redis.call('HGETALL', key)
     taken[id] = true
   end
 end
+remove_all(KEYS[2], leaving)
+remove_all(KEYS[3], leaving)
+add_all(KEYS[4], leases)
+add_counts(KEYS[5], ended_counts)
+if last_token then redis.call('SET', KEYS[6], string.format('%d', last_token)) end
 return {claimed, expired}

@@ -196,6 +196,7 @@ for i = 1, #starts do
       local prompt = tonumber(pair_value(fields_at, fields_end, 'prompt_tokens_estimate') or '') or 0
       local answer = tonumber(pair_value(fields_at, fields_end, 'max_tokens') or '') or 0
       weighted = weighted_tokens(prompt, answer, w_in, w_out, weights[branch] or 1)
+      weighted = token_units(weighted) / TOKEN_UNITS  -- the measure the branch tokens hash keeps
       code, words = fair_share_verdict(waiting[ticket_type], held, branches, tokens, weighted,
         density_of(ticket_type), caps[ticket_type], cap_words[ticket_type])
     end

@@ -44,23 +44,28 @@ while at <= #ARGV do
 end
 
 local replies = {}
+local finished, counts = {}, {}
 for i = 1, #starts do
   local at = starts[i]
   local id, key = ARGV[at], KEYS[4] .. ARGV[at]
-  local t = redis.call('HMGET', key, 'status', 'token', 'type')
+  local t = redis.call('HMGET', key, 'status', 'token', 'type', 'callback_url')
   if t[1] ~= 'running' or t[2] ~= ARGV[at + 1] then
     replies[i] = 'stale:' .. (t[1] or 'missing')
   else
     local fields = tonumber(ARGV[at + 4])
-    if fields > 0 then
-      redis.call('HSET', key, unpack(ARGV, at + 5, at + 4 + 2 * fields))
+    local set = {}
+    for j = at + 5, at + 4 + 2 * fields do
+      set[#set + 1] = ARGV[j]
     end
-    redis.call('ZREM', KEYS[1], id)
-    finish_ticket(key, id, t[3], ARGV[at + 2], ARGV[1], ARGV[2], ARGV[at + 3], KEYS[2], KEYS[3])
+    finished[#finished + 1] = id
+    finish_ticket(key, id, t[3], ARGV[at + 2], ARGV[1], ARGV[2], ARGV[at + 3], KEYS[2], KEYS[3],
+      {set = set, callback = t[4] ~= false, counts = counts})
     if ARGV[at + 2] == 'expired' then  -- the one expiry here: a deadline passed before the start
-      redis.call('HINCRBY', KEYS[2], t[3] .. ':deadline_passed', 1)
+      counts[t[3] .. ':deadline_passed'] = (counts[t[3] .. ':deadline_passed'] or 0) + 1
     end
     replies[i] = 'ok'
   end
 end
+remove_all(KEYS[1], finished)
+add_counts(KEYS[2], counts)
 return replies

@@ -44,7 +44,7 @@ local function type_density(depth_key, tokens_key)
   local sum = 0
   local tokens = redis.call('HGETALL', tokens_key)
   for i = 1, #tokens, 2 do
-    sum = sum + branch_density(held[tokens[i]] or 0, tonumber(tokens[i + 1]) or 0)
+    sum = sum + branch_density(held[tokens[i]] or 0, held_tokens(tokens[i + 1]))
   end
   return sum
 end

@@ -3,6 +3,17 @@ Helpers included (by `-- @include tickets`) into the scripts that move tickets b
 They take keys as arguments from the including script's KEYS; they build no keys themselves.
 ]]
 
+-- The branch tokens hash counts thousandths of a weighted token, as integers: HINCRBY costs the
+-- server much less than HINCRBYFLOAT, which a script must also replicate as a rewritten HSET.
+local TOKEN_UNITS = 1000
+
+-- A ticket's `weighted_tokens` field in the branch tokens hash's units; nil when it has none.
+local function token_units(weighted)
+  local tokens = tonumber(weighted or '')
+  if tokens then return math.floor(tokens * TOKEN_UNITS + 0.5) end
+  return nil
+end
+
 -- Count one more (delta 1) or one fewer (-1) queued ticket of `branch` of a type: the branch depth
 -- hash counts its tickets, the branch tokens hash (`tokens_key`) their weighted tokens (`weighted`:
 -- the ticket's `weighted_tokens` field, written once at admission, so a ticket takes out exactly
@@ -14,9 +25,15 @@ local function count_branch(depth_key, tokens_key, branch, delta, weighted)
   if redis.call('HINCRBY', depth_key, branch, delta) <= 0 then
     redis.call('HDEL', depth_key, branch)
     if tokens_key then redis.call('HDEL', tokens_key, branch) end
-  elseif tokens_key and tonumber(weighted or '') then
-    redis.call('HINCRBYFLOAT', tokens_key, branch, delta < 0 and ('-' .. weighted) or weighted)
+  elseif tokens_key then
+    local units = token_units(weighted)
+    if units then redis.call('HINCRBY', tokens_key, branch, delta * units) end
   end
+end
+
+-- A branch's weighted tokens as the branch tokens hash holds them (a field's value, or nil).
+local function held_tokens(value)
+  return (tonumber(value or '0') or 0) / TOKEN_UNITS
 end
 
 -- Where `branch` stands among a type's waiting branches (`depth_key`, `tokens_key`): its queued
@@ -24,7 +41,7 @@ end
 -- tokens of its queued tickets. Read once per new ticket and used by the rules of enqueue.lua.
 local function branch_standing(depth_key, tokens_key, branch)
   local held = tonumber(redis.call('HGET', depth_key, branch) or '0')
-  local tokens = tonumber(redis.call('HGET', tokens_key, branch) or '0')
+  local tokens = held_tokens(redis.call('HGET', tokens_key, branch))
   local branches = redis.call('HLEN', depth_key)
   if held == 0 then branches = branches + 1 end
   return held, branches, tokens
@@ -48,13 +65,19 @@ end
 
 -- Remove a ticket from every structure that holds queued tickets (and from its branch's counts
 -- and queue under its type's `depth_key` and `tokens_key`, when the caller gives them with the
--- ticket's branch and `weighted_tokens` field; the branch queue is lib/fairness.lua's).
+-- ticket's branch and `weighted_tokens` field; the branch queue is lib/fairness.lua's). A caller
+-- taking many tickets in one call passes `later` to collect the ids instead of removing each from
+-- the delayed and deadline sets, and removes them all at its end with `remove_all`.
 local function unqueue(id, pending_key, delayed_key, deadlines_key, waiting_key, depth_key, tokens_key,
-                       branch, weighted)
+                       branch, weighted, later)
   redis.call('ZREM', pending_key, id)
   if depth_key and branch then redis.call('ZREM', depth_key .. ':' .. branch, id) end
-  redis.call('ZREM', delayed_key, id)
-  redis.call('ZREM', deadlines_key, id)
+  if later then
+    later[#later + 1] = id
+  else
+    redis.call('ZREM', delayed_key, id)
+    redis.call('ZREM', deadlines_key, id)
+  end
   if redis.call('ZREM', waiting_key, id) == 1 then
     count_branch(depth_key, tokens_key, branch, -1, weighted)
   end
@@ -71,21 +94,58 @@ end
 
 -- End a ticket: stamp the terminal status, start its outcome's retention clock (dropping the
 -- prompt when the policy keeps none), count the outcome and hand its callback (if any) to the
--- outbox, all in the caller's atomic step.
+-- outbox, all in the caller's atomic step. A caller ending many tickets in one call passes `batch`
+-- to spend fewer commands on each: `batch.set` holds more field/value pairs for the same HSET
+-- (written before the terminal fields, which win), `batch.callback` whether the ticket has a
+-- callback (read with the caller's own HMGET), and `batch.counts` collects the outcome counts for
+-- `add_counts` to write once per outcome.
 local function finish_ticket(ticket_key, id, ticket_type, status, now, retention, error_text,
-                             counts_key, outbox_key)
-  redis.call('HSET', ticket_key, 'status', status, 'finished_at', now, 'token', '')
+                             counts_key, outbox_key, batch)
+  local fields = {}
+  if batch and batch.set then fields = batch.set end
+  local n = #fields
+  fields[n + 1], fields[n + 2], fields[n + 3], fields[n + 4] = 'status', status, 'finished_at', now
+  fields[n + 5], fields[n + 6] = 'token', ''
   if error_text ~= nil and error_text ~= '' then
-    redis.call('HSET', ticket_key, 'error', error_text)
+    fields[n + 7], fields[n + 8] = 'error', error_text
   end
+  redis.call('HSET', ticket_key, unpack(fields))
   local seconds, keep_prompt = retention_for(retention, status)
   if not keep_prompt then
     redis.call('HDEL', ticket_key, 'prompt', 'messages')
   end
   redis.call('EXPIRE', ticket_key, seconds)
-  redis.call('HINCRBY', counts_key, ticket_type .. ':' .. status, 1)
-  if redis.call('HEXISTS', ticket_key, 'callback_url') == 1 then
+  local outcome = ticket_type .. ':' .. status
+  if batch and batch.counts then
+    batch.counts[outcome] = (batch.counts[outcome] or 0) + 1
+  else
+    redis.call('HINCRBY', counts_key, outcome, 1)
+  end
+  local callback = batch and batch.callback
+  if callback == nil then callback = redis.call('HEXISTS', ticket_key, 'callback_url') == 1 end
+  if callback then
     redis.call('LPUSH', outbox_key, id)
+  end
+end
+
+-- Write the outcome counts a batch collected (`finish_ticket`'s `batch.counts`), one HINCRBY each.
+local function add_counts(counts_key, counts)
+  for outcome, count in pairs(counts) do
+    redis.call('HINCRBY', counts_key, outcome, count)
+  end
+end
+
+-- Remove `ids` from the sorted set `key` in variadic ZREMs (a bounded number of arguments each).
+local function remove_all(key, ids)
+  for first = 1, #ids, 500 do
+    redis.call('ZREM', key, unpack(ids, first, math.min(first + 499, #ids)))
+  end
+end
+
+-- Add the flat score, member list `pairs` to the sorted set `key` in variadic ZADDs.
+local function add_all(key, pairs)
+  for first = 1, #pairs, 1000 do
+    redis.call('ZADD', key, unpack(pairs, first, math.min(first + 999, #pairs)))
   end
 end
 

@@ -30,6 +30,8 @@ SHORT_PROMPT = "my card was charged twice " * 8
 LONG_PROMPT = SHORT_PROMPT * 10
 MAX_TOKENS = 1
 CAP = 110
+TOKEN_UNITS = 1000
+"""The branch tokens hash counts thousandths of a weighted token (shared/lua/lib/tickets.lua)."""
 
 
 def _policy(policy: Policy, *, cap: int = CAP, weights: dict[str, float] | None = None) -> Policy:
@@ -66,7 +68,7 @@ def _counts(redis_client: Redis, producer: Producer) -> dict[str, tuple[int, flo
     depth = redis_client.hgetall(keys.branch_depth("complaint"))
     tokens = redis_client.hgetall(keys.branch_tokens("complaint"))
     assert set(depth) == set(tokens), "a branch is in both hashes or in neither"
-    return {branch: (int(depth[branch]), float(tokens[branch])) for branch in depth}
+    return {branch: (int(depth[branch]), int(tokens[branch]) / TOKEN_UNITS) for branch in depth}
 
 
 def _held(redis_client: Redis, producer: Producer) -> dict[str, tuple[int, float]]:
@@ -76,7 +78,7 @@ def _held(redis_client: Redis, producer: Producer) -> dict[str, tuple[int, float
     for ticket_id in redis_client.zrange(keys.waiting("complaint"), 0, -1):
         branch, weighted = redis_client.hmget(keys.ticket(ticket_id), ["branch_id", "weighted_tokens"])
         count, tokens = held.get(branch, (0, 0.0))
-        held[branch] = (count + 1, tokens + float(weighted))
+        held[branch] = (count + 1, tokens + math.floor(float(weighted) * TOKEN_UNITS + 0.5) / TOKEN_UNITS)
     return held
 
 
