@@ -58,7 +58,7 @@ def test_the_batch_holds_max_num_seqs_and_the_rest_wait(endpoint: Endpoint) -> N
 
 
 PRIORITY_ARRIVALS = [5, 1, 3, -2, 4, 2]
-PRIORITY_ROUNDS = 3
+PRIORITY_ROUNDS = 5
 
 
 @pytest.mark.timeout(600)
@@ -66,10 +66,10 @@ def test_priority_orders_the_waiting_queue(endpoint: Endpoint) -> None:
     """Waiters sent in priority order 5, 1, 3, -2, 4, 2: the lowest values take the first free slots.
 
     A round proves something only when all six were seen waiting while the busy batch still held
-    every slot. The batch is bounded by the 16-block cache, and on a loaded 2-core machine it can
-    end before six requests are queued one by one (CI, three times) or not be seen full at all (CI,
-    once); such a round is set aside and another tried, up to three. A round that ran as planned
-    and got the order wrong fails at once.
+    every slot. The batch is bounded by the 16-block cache and ends by itself within seconds; on a
+    loaded 2-core machine it ended before six waiters were confirmed one scrape at a time (CI, four
+    rounds of six) or was never seen full. Such a round is set aside and another tried, up to five;
+    a round that ran as planned and got the order wrong fails at once.
     """
     set_aside: list[str] = []
     for number in range(1, PRIORITY_ROUNDS + 1):
@@ -90,8 +90,12 @@ def test_priority_orders_the_waiting_queue(endpoint: Endpoint) -> None:
 def priority_round(endpoint: Endpoint, number: int) -> dict[int, float] | str:
     """One round: first-token times by priority, or why the round proves nothing.
 
-    The test ends the busy batch itself by hanging up on it once all six wait, so every slot frees
-    at once (real vLLM and the simulator both abort a request whose client is gone).
+    Each waiter is sent once the one before it has its response headers. Both servers answer the
+    headers of a stream in the same uninterrupted step that hands the request to the scheduler
+    (vLLM's API server to its engine over one ordered socket), so the arrival order is the sending
+    order without a `/metrics` scrape between two sends; one scrape afterwards proves that all six
+    wait at once. The test ends the busy batch itself by hanging up on it, so every slot frees at
+    once (real vLLM and the simulator both abort a request whose client is gone).
     """
     wait_idle(endpoint)
     busy = [
@@ -102,10 +106,11 @@ def priority_round(endpoint: Endpoint, number: int) -> dict[int, float] | str:
     first_token: dict[int, float] = {}
     waiters: list[threading.Thread] = []
 
-    def wait_in_line(priority: int) -> None:
+    def wait_in_line(priority: int, sent: threading.Event) -> None:
         # 24 tokens: the second round starts 24 steps after the first, well beyond thread jitter.
         body = long_body(endpoint, f"prio-{number}-{priority}", 24, priority=priority, stream=True)
         with requests.post(endpoint.url("/v1/completions"), json=body, stream=True, timeout=120) as response:
+            sent.set()
             for line in response.iter_lines():
                 if line.startswith(b"data: {") and priority not in first_token:
                     first_token[priority] = time.monotonic()
@@ -129,16 +134,28 @@ def priority_round(endpoint: Endpoint, number: int) -> dict[int, float] | str:
                 f"round {number}: the busy batch never held all {endpoint.max_num_seqs} slots within"
                 f" 30 s (most running seen {most_running:g}, waiting {waiting(endpoint):g})"
             )
-        for queued, priority in enumerate(PRIORITY_ARRIVALS, start=1):
-            waiter = threading.Thread(target=wait_in_line, args=(priority,))
+        for sent_before, priority in enumerate(PRIORITY_ARRIVALS):
+            sent = threading.Event()
+            waiter = threading.Thread(target=wait_in_line, args=(priority, sent))
             waiter.start()
             waiters.append(waiter)
-            # At least: real vLLM was seen (CI) to put a busy request back in line beside them.
-            seen = seconds_until(lambda: waiting(endpoint) >= queued or batch_ended(), 20)  # noqa: B023
+            if not sent.wait(20):
+                return f"round {number}: waiter {sent_before + 1} had no response headers within 20 s"
             if batch_ended():
-                return f"round {number}: the busy batch ended with {queued - 1} of 6 waiting"
-            if seen is None:
-                return f"round {number}: waiter {queued} not seen waiting within 20 s"
+                return f"round {number}: the busy batch ended with {sent_before} of 6 sent"
+        # At least six: real vLLM was seen (CI) to put a busy request back in line beside them.
+        most_waiting = 0.0
+
+        def all_wait() -> bool:
+            nonlocal most_waiting
+            most_waiting = max(most_waiting, waiting(endpoint))
+            return most_waiting >= len(PRIORITY_ARRIVALS) or batch_ended()
+
+        seen = seconds_until(all_wait, 20)
+        if batch_ended():
+            return f"round {number}: the busy batch ended with {most_waiting:g} of 6 seen waiting"
+        if seen is None:
+            return f"round {number}: at most {most_waiting:g} of 6 seen waiting within 20 s"
     finally:
         for stream in busy:
             stream.close()
