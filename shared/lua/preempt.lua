@@ -14,7 +14,7 @@ KEYS[6] branch depth of type    {q}:branch-depth:<type>
 KEYS[7] counts hash             {q}:counts
 KEYS[8] outbox list             {q}:outbox
 KEYS[9] wake list               {q}:wake
-KEYS[10] branch tokens of type  {q}:branch-tokens:<type>
+KEYS[10] branch tokens of type  {q}:branch-token-units:<type>
 
 ARGV[1] ticket id
 ARGV[2] fencing token from the claim

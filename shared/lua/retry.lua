@@ -12,7 +12,7 @@ KEYS[6] counts hash             {q}:counts
 KEYS[7] outbox list             {q}:outbox
 KEYS[8] pending zset            {q}:pending
 KEYS[9] branch depth of type    {q}:branch-depth:<type>
-KEYS[10] branch tokens of type  {q}:branch-tokens:<type>
+KEYS[10] branch tokens of type  {q}:branch-token-units:<type>
 
 ARGV[1] ticket id
 ARGV[2] fencing token from the claim
