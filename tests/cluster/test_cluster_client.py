@@ -6,6 +6,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from typing import cast
 
 import pytest
 from redis import Redis
@@ -20,6 +21,7 @@ from shared.redis_conn import connect_from
 from shared.replica_acks import ReplicaAcksMissing
 from tests.conftest import delete_queue_keys
 from tests.redis_cluster import RedisClusterHarness
+from tests.waiting import wait_until
 
 
 @pytest.fixture
@@ -98,7 +100,14 @@ def test_an_idle_worker_blocks_on_the_wake_list_until_a_ticket_arrives(
         target=lambda: woke.append(time.monotonic()) if queue.wait_for_work(8) else None
     )
     waiter.start()
-    time.sleep(0.5)
+    wake_node = cast("RedisCluster", cluster).get_node_from_key(queue.keys.wake)
+
+    def blocked_on_the_wake_list() -> bool:
+        listed = cast("RedisCluster", cluster).client_list(target_nodes=wake_node)
+        return any(c.get("cmd") == "blpop" and "b" in c.get("flags", "") for c in listed)
+
+    # The enqueue must find the worker already blocked, or the pop returns at once and proves nothing.
+    wait_until(blocked_on_the_wake_list, 10, "the waiter blocked in BLPOP on the wake list's master")
     sent = time.monotonic()
     queue.enqueue(_loan())
     waiter.join(10)
