@@ -100,10 +100,11 @@ def test_an_idle_worker_blocks_on_the_wake_list_until_a_ticket_arrives(
         target=lambda: woke.append(time.monotonic()) if queue.wait_for_work(8) else None
     )
     waiter.start()
-    wake_node = cast("RedisCluster", cluster).get_node_from_key(queue.keys.wake)
+    nodes = cast(RedisCluster, cluster)
+    wake_node = nodes.get_node_from_key(queue.keys.wake)
 
     def blocked_on_the_wake_list() -> bool:
-        listed = cast("RedisCluster", cluster).client_list(target_nodes=wake_node)
+        listed = nodes.client_list(target_nodes=wake_node)
         return any(c.get("cmd") == "blpop" and "b" in c.get("flags", "") for c in listed)
 
     # The enqueue must find the worker already blocked, or the pop returns at once and proves nothing.

@@ -90,11 +90,11 @@ def test_priority_orders_the_waiting_queue(endpoint: Endpoint) -> None:
 def priority_round(endpoint: Endpoint, number: int) -> dict[int, float] | str:
     """One round: first-token times by priority, or why the round proves nothing.
 
-    Each waiter is sent once the one before it has its response headers. Both servers answer the
-    headers of a stream in the same uninterrupted step that hands the request to the scheduler
-    (vLLM's API server to its engine over one ordered socket), so the arrival order is the sending
-    order without a `/metrics` scrape between two sends; one scrape afterwards proves that all six
-    wait at once. The test ends the busy batch itself by hanging up on it, so every slot frees at
+    Each waiter is sent once the one before it has its response headers. Both servers hand a
+    stream's request to the scheduler right after answering its headers, before they can have read
+    a request sent only once those headers arrived (vLLM's API server over one ordered socket to its
+    engine), so the arrival order is the sending order without a `/metrics` scrape between two
+    sends; one scrape afterwards proves that all six wait at once. The test ends the busy batch itself by hanging up on it, so every slot frees at
     once (real vLLM and the simulator both abort a request whose client is gone).
     """
     wait_idle(endpoint)
