@@ -9,14 +9,19 @@ module only decides. Three rungs, each over its own window, none tripping below 
 - sustained: tickets go to a version-matched fallback while it holds;
 - deep: a human is paged, once per episode.
 A rung clears when its window is back under its threshold, or holds too few requests to judge.
+Beside the ladder, the endpoint's failure streak is its one health state for claiming: a failed
+call (5xx, timeout, refused, OOM) pauses claims on the retry backoff curve, then one probe for all
+workers at a time until a call succeeds. It never refuses admission nor changes a level or phase.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from enum import IntEnum, StrEnum
 
-from shared.policy import BreakerLevelPolicy, BreakerPolicy
+from shared import backoff
+from shared.policy import BreakerLevelPolicy, BreakerPolicy, QueuePolicy
 
 LADDER = ("instant", "sustained", "deep")
 BUCKETS_PER_WINDOW = 10
@@ -66,6 +71,10 @@ class BreakerState:
     deep: bool = False
     deep_since: float = 0.0
     """When the deep rung last switched on: names the episode its one page belongs to."""
+    failures: int = 0
+    """Failed calls in a row since the last success; failures within a pause are one outage."""
+    paused_until: float = 0.0
+    """After a failure no claims until then; afterwards one probe at a time until a success."""
     version: int = 0
 
     def phase(self, now: float) -> Phase:
@@ -80,6 +89,13 @@ class BreakerState:
             return BreakerLevel.SUSTAINED
         return BreakerLevel.CLOSED if self.phase(now) is Phase.CLOSED else BreakerLevel.INSTANT
 
+    def probing(self, now: float) -> bool:
+        """Whether calls go one probe at a time: half-open, or failing once its pause ran out."""
+        phase = self.phase(now)
+        return phase is Phase.HALF_OPEN or (
+            phase is Phase.CLOSED and self.failures > 0 and now >= self.paused_until
+        )
+
     def retry_after(self, now: float) -> float:
         """Seconds until the circuit may take work again (at least 1 while not closed)."""
         return 0.0 if self.phase(now) is Phase.CLOSED else max(self.open_until - now, 1.0)
@@ -91,6 +107,8 @@ class BreakerState:
             "sustained": "1" if self.sustained else "0",
             "deep": "1" if self.deep else "0",
             "deep_since": repr(self.deep_since),
+            "failures": str(self.failures),
+            "paused_until": repr(self.paused_until),
         }
 
     @classmethod
@@ -101,8 +119,18 @@ class BreakerState:
             sustained=raw.get("sustained") == "1",
             deep=raw.get("deep") == "1",
             deep_since=float(raw.get("deep_since") or 0),
+            failures=int(raw.get("failures") or 0),
+            paused_until=float(raw.get("paused_until") or 0),
             version=int(raw.get("version") or 0),
         )
+
+
+def pause_seconds(failures: int, retry: QueuePolicy, retry_after: float | None = None) -> float:
+    """The claim pause after the n-th failure in a row: the ticket retry curve with full jitter (a
+    zero base still pauses), at least vLLM's Retry-After, never past the cap."""
+    base = max(retry.retry_backoff_seconds, 0.01)
+    cap = max(retry.retry_backoff_max_seconds, base)
+    return max(backoff.full_jitter(failures, base, cap), min(retry_after or 0.0, cap))
 
 
 def rung(policy: BreakerPolicy, name: str) -> BreakerLevelPolicy:
@@ -125,17 +153,21 @@ def decide(
     policy: BreakerPolicy,
     now: float,
     *,
-    probe_result: bool | None = None,
+    ok: bool | None = None,
+    probe: bool = False,
+    pause: Callable[[int], float] | None = None,
 ) -> tuple[BreakerState, list[str]]:
     """The next state and its transitions (`instant:opened`, `deep:on`, …) after new counts.
 
-    `probe_result` is the outcome (True = success) of a half-open probe just returned.
+    `ok` is the outcome of the call just counted (None: nothing counted), `probe` whether it was
+    the probe. A failure outside a running pause adds one to the streak and pauses for
+    `pause(failures)` seconds (the caller draws the jitter, so this stays pure).
     """
     transitions: list[str] = []
-    open_until, probe_until = state.open_until, state.probe_until
-    if probe_result is not None and state.phase(now) is Phase.HALF_OPEN:
-        probe_until = 0.0
-        if probe_result:
+    open_until = state.open_until
+    returned = probe and ok is not None
+    if returned and state.phase(now) is Phase.HALF_OPEN:
+        if ok:
             open_until = 0.0
             transitions.append("instant:closed")
         else:
@@ -146,6 +178,12 @@ def decide(
     ):
         open_until = now + policy.instant.open_seconds
         transitions.append("instant:opened")
+    failures, paused_until = state.failures, state.paused_until
+    if ok:
+        failures, paused_until = 0, 0.0
+    elif ok is False and now >= paused_until:  # a crash fails every call in flight: one outage
+        failures += 1
+        paused_until = now + (pause(failures) if pause is not None else 0.0)
     flags = {"sustained": state.sustained, "deep": state.deep}
     for name in ("sustained", "deep"):
         verdict = _tripped(windows[name], rung(policy, name), policy.min_requests)
@@ -156,17 +194,19 @@ def decide(
     new = replace(
         state,
         open_until=open_until,
-        probe_until=probe_until,
+        probe_until=0.0 if returned else state.probe_until,
         sustained=flags["sustained"],
         deep=flags["deep"],
         deep_since=deep_since,
+        failures=failures,
+        paused_until=paused_until,
     )
     return new, transitions
 
 
 def take_probe(state: BreakerState, now: float) -> BreakerState | None:
     """The state with a probe out, when this caller may send one now; else None."""
-    if state.phase(now) is not Phase.HALF_OPEN or state.probe_until > now:
+    if not state.probing(now) or state.probe_until > now:
         return None
     return replace(state, probe_until=now + PROBE_SECONDS)
 

@@ -3,13 +3,15 @@
 Counting and reading the windows is one script (`breaker_record.lua`); the decision is the pure
 `shared.breaker.decide`; the new state is written by `breaker_commit.lua` only if no other worker
 wrote in between (a version check), else this one reads again and decides again. So each
-transition is written, and its event recorded, once, whichever worker saw it first.
+transition is written, and its event recorded, once, whichever worker saw it first. The failure
+streak and its pause live in the same hash, so every worker claims by one pause and one probe.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any, cast
 
 from redis import Redis
@@ -23,12 +25,13 @@ from shared.breaker import (
     Window,
     bucket_seconds,
     decide,
+    pause_seconds,
     rung,
     take_probe,
 )
 from shared.control import EVENTS_MAXLEN
 from shared.keys import QueueKeys
-from shared.policy import BreakerPolicy
+from shared.policy import BreakerPolicy, QueuePolicy
 from shared.scripts import Scripts
 
 COMMIT_ATTEMPTS = 5
@@ -62,14 +65,20 @@ class BreakerView:
             "since": float(self.info["changed_at"]) if self.info.get("changed_at") else None,
             "error_rates": {name: round(w.error_rate, 4) for name, w in self.windows.items()},
             "requests": {name: w.total for name, w in self.windows.items()},
+            "failures": self.state.failures,
+            "paused_for": round(max(self.state.paused_until - self.now, 0.0), 1),
         }
 
 
 class BreakerStore:
-    def __init__(self, redis: Redis, keys: QueueKeys, policy: BreakerPolicy) -> None:
+    def __init__(
+        self, redis: Redis, keys: QueueKeys, policy: BreakerPolicy, retry: QueuePolicy | None = None
+    ) -> None:
         self.redis = redis
         self.keys = keys
         self.policy = policy
+        self.retry = retry or QueuePolicy()
+        """Its retry curve paces a failing endpoint's claims (workers pass their policy's)."""
         self.scripts = Scripts.register(redis)
 
     def _bucket_keys(self, endpoint: str, now: float) -> list[str]:
@@ -107,15 +116,19 @@ class BreakerStore:
         return bool(written)
 
     def record(
-        self, endpoint: str, ok: bool | None, *, probe: bool = False
+        self, endpoint: str, ok: bool | None, *, probe: bool = False, retry_after: float | None = None
     ) -> tuple[BreakerState, list[str]]:
-        """Count one outcome (None: count nothing, only re-evaluate); the state and what changed."""
+        """Count one outcome (None: count nothing, only re-evaluate); the state and what changed.
+
+        A failure (only transient ones are counted as such) pauses claims for at least
+        `retry_after`, vLLM's own ask."""
         outcome = "" if ok is None else ("ok" if ok else "err")
+        pause = partial(pause_seconds, retry=self.retry, retry_after=retry_after)
         for _ in range(COMMIT_ATTEMPTS):
             now = clock.now()
             windows, state = self._count(endpoint, outcome, now)
             outcome = ""  # counted once; a lost race only re-reads
-            new, transitions = decide(state, windows, self.policy, now, probe_result=ok if probe else None)
+            new, transitions = decide(state, windows, self.policy, now, ok=ok, probe=probe, pause=pause)
             if not transitions and new == state:
                 return state, []
             if self._commit(endpoint, state, new, transitions):
@@ -123,7 +136,8 @@ class BreakerStore:
         return self.read(endpoint), []
 
     def take_probe(self, endpoint: str) -> bool:
-        """Whether this caller may send the one half-open probe now (and has claimed it)."""
+        """Whether this caller may send the one probe now (half-open, or failing after its pause),
+        and has claimed it."""
         for _ in range(COMMIT_ATTEMPTS):
             state = self.read(endpoint)
             probing = take_probe(state, clock.now())

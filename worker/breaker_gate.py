@@ -2,7 +2,10 @@
 
 The claim loop asks `claim_gate()` before claiming: while the primary's circuit is open nothing is
 claimed (tickets wait in the queue, their TTL running); half-open, one worker wins the one probe.
-The executor asks `client_for()` and reports each outcome with `record()`. Fallbacks come from
+The breaker is also the endpoint's one health state: after a failed call every worker waits out
+one pause (the retry backoff curve, at least vLLM's Retry-After), then one worker of all sends the
+probe, until a call succeeds. The executor asks `client_for()` and reports each outcome (a failure
+with vLLM's Retry-After) with `record()`. Fallbacks come from
 `TIDEGATE_FALLBACK_VLLM_URL` (a comma-separated list); one is used only while its model version
 (after the last `:` of its served name) equals the primary's, or the policy's `[models] version`.
 A mismatched fallback is reported (event, status, metric) and never used.
@@ -14,25 +17,19 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import StrEnum
 
 from shared import clock
 from shared.breaker import BreakerState, Phase, endpoint_id, model_version
 from shared.breaker_store import BreakerStore
 from shared.control import append_event
 from shared.policy import Policy
+from worker.claim_plan import Bound, Gate
 from worker.vllm_client import VllmClient, VllmError
 
 log = logging.getLogger(__name__)
 
 CACHE_SECONDS = 0.2
 """How stale this worker's view of a breaker may be: one Redis read per this, not per claim."""
-
-
-class Gate(StrEnum):
-    GO = "go"
-    PROBE = "probe"
-    WAIT = "wait"
 
 
 @dataclass
@@ -90,21 +87,25 @@ class BreakerGate:
         return self.state(self.primary_endpoint).phase(clock.now()) is Phase.CLOSED
 
     # ---- claiming -----------------------------------------------------------------------------
-    def claim_gate(self) -> tuple[Gate, float]:
-        """Whether to claim: GO, PROBE (half-open: claim one, if `take_probe`), or WAIT seconds."""
+    def claim_gate(self) -> tuple[Gate, float, Bound | None]:
+        """Whether to claim: GO, PROBE (one ticket, if `take_probe` wins it), or WAIT seconds; and
+        why not GO: `open`, `half_open`, or `failing` (the primary failed its last call)."""
         now = clock.now()
         state = self.state(self.primary_endpoint)
         phase = state.phase(now)
-        if phase is Phase.CLOSED:
-            return Gate.GO, 0.0
         if phase is Phase.OPEN:
-            return Gate.WAIT, state.open_until - now
+            return Gate.WAIT, state.open_until - now, Bound.OPEN
+        if phase is Phase.CLOSED and not state.failures:
+            return Gate.GO, 0.0, None
+        why = Bound.HALF_OPEN if phase is Phase.HALF_OPEN else Bound.FAILING
+        if not state.probing(now):
+            return Gate.WAIT, state.paused_until - now, why
         if state.probe_until > now:
-            return Gate.WAIT, 0.5
-        return Gate.PROBE, 0.0
+            return Gate.WAIT, 0.5, why  # another worker's probe is out
+        return Gate.PROBE, 0.0, why
 
     def take_probe(self, endpoint: str | None = None) -> bool:
-        """Claim the one half-open probe of `endpoint` (the primary's by default)."""
+        """Claim the one probe of `endpoint` (the primary's by default)."""
         endpoint = endpoint or self.primary_endpoint
         taken = self.store.take_probe(endpoint)
         with self._lock:
@@ -118,12 +119,15 @@ class BreakerGate:
 
     # ---- routing and counting -----------------------------------------------------------------
     def usable_fallback(self, *, verified: bool) -> Fallback | None:
-        """A fallback whose circuit is closed and whose version matched (or, unless `verified`,
-        is not known yet); a mismatched one never."""
+        """A fallback whose circuit is closed, outside a failure pause, and whose version matched
+        (or, unless `verified`, is not known yet); a mismatched one never."""
         now = clock.now()
         accepted = ("matched",) if verified else ("matched", "unknown")
         for fallback in self.fallbacks:
-            if fallback.status in accepted and self.state(fallback.endpoint).phase(now) is Phase.CLOSED:
+            if fallback.status not in accepted:
+                continue
+            state = self.state(fallback.endpoint)
+            if state.phase(now) is Phase.CLOSED and state.paused_until <= now:
                 return fallback
         return None
 
@@ -142,9 +146,12 @@ class BreakerGate:
                 return fallback.client
         return self.primary
 
-    def record(self, client: VllmClient, ok: bool, *, probe: bool = False) -> None:
+    def record(
+        self, client: VllmClient, ok: bool, *, probe: bool = False, retry_after: float | None = None
+    ) -> None:
+        """Count a call: `ok` False only for a transient failure (5xx, timeout, refused, OOM)."""
         endpoint = endpoint_id(client.base_url)
-        state, transitions = self.store.record(endpoint, ok, probe=probe)
+        state, transitions = self.store.record(endpoint, ok, probe=probe, retry_after=retry_after)
         self._remember(endpoint, state)
         self._announce(endpoint, state, transitions)
 

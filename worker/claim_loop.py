@@ -5,7 +5,9 @@ Each step reads a snapshot of the worker's world, asks the claim plan (`claim_pl
 claim may take, and claims it atomically in priority order (the claim script). With no room and a
 critical ticket at the head it preempts the newest other one (`preemption.py`). With nothing to
 claim it blocks on the queue's wake list (not polling) for at most `block_seconds` or until the
-next retry is due; with no free slot it waits for a ticket to leave.
+next retry is due; with no free slot it waits for a ticket to leave. Endpoint health is the shared
+breaker's alone (`queue_endpoints.py`): it waits out an open circuit or a failure pause, and sends
+one ticket when it wins the probe.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from shared import clock
 from shared.queue import ClaimedTicket
 from worker import telemetry
 from worker.batch_sizer import BatchSizer
-from worker.claim_plan import Bound, ClaimPlan, Health, Snapshot, plan_claim
+from worker.claim_plan import Bound, ClaimPlan, Gate, Snapshot, plan_claim
 from worker.deadlines import StartRule
 from worker.inflight import InFlight, RunningTicket
 from worker.preemption import Preemptor
@@ -29,7 +31,6 @@ from worker.queue_endpoints import QueueEndpoints, Routes
 from worker.queue_set import Queues, QueueSet
 from worker.result_writer import ResultWriter
 from worker.throttle import Throttle
-from worker.vllm_health import VllmHealth
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,6 @@ class ClaimLoop:
         gpu: int,
         sizer: BatchSizer,
         inflight: InFlight,
-        health: VllmHealth,
         writer: ResultWriter,
         start: Callable[[RunningTicket], None],
         stop: threading.Event,
@@ -65,7 +65,6 @@ class ClaimLoop:
         self.gpu = gpu
         self.sizer = sizer
         self.inflight = inflight
-        self.health = health
         self.writer = writer
         self.start = start
         self.stop = stop
@@ -96,16 +95,13 @@ class ClaimLoop:
 
     def _step(self) -> bool:
         """One round; True when a burst run has nothing left to do."""
-        pause = self.health.pause_remaining()
-        if pause > 0:
-            self.stop.wait(min(pause, self.block_seconds))
-            return False
         self._probe = None
         routes = self.endpoints.routes() if self.endpoints is not None else Routes(())
-        plan = self.last_plan = plan_claim(self._snapshot(routes))
+        snapshot = self._snapshot(routes)
+        plan = self.last_plan = plan_claim(snapshot)
         if not plan.room:
-            if plan.bound is Bound.OPEN:
-                # Every circuit is open: tickets stay queued (their TTL runs) instead of failing.
+            if snapshot.health is Gate.WAIT:
+                # Open circuits or a failure pause: tickets stay queued (their TTL runs), not failing.
                 self.stop.wait(min(max(routes.wait_seconds, 0.05), self.block_seconds))
             else:
                 self._wait_at_limit(preempt=plan.preempt)
@@ -137,13 +133,6 @@ class ClaimLoop:
     def _snapshot(self, routes: Routes) -> Snapshot:
         """The world now: the sizer's capacity, the throttle, what runs, and endpoint health."""
         capacity = self.sizer.limit
-        health = Health.OK
-        if self.endpoints is not None and routes.waits:
-            health = Health.OPEN
-        elif self.health.failing:
-            health = Health.FAILING
-        elif routes.probe is not None and not routes.among:
-            health = Health.PROBING
         return Snapshot(
             capacity=capacity,
             capacity_bound=self.sizer.bound,
@@ -152,7 +141,8 @@ class ClaimLoop:
             usable_kv_tokens=self.sizer.usable_kv_tokens(),
             throttle=self.throttle.limit(capacity) if self.throttle is not None else None,
             reserve_share=self.reserve_share,
-            health=health,
+            health=Gate.GO if self.endpoints is None else routes.gate,
+            health_bound=routes.why or Bound.OPEN,
         )
 
     def _claim(self, among: tuple[str, ...], count: int, **options: Any) -> list[ClaimedTicket]:
@@ -182,13 +172,7 @@ class ClaimLoop:
             if self.start_rule is not None and self.start_rule.too_late(item.ticket, now):
                 self.writer.deadline_passed(item, self.start_rule.reason(item.ticket, now))
                 continue
-            running = RunningTicket(
-                item.ticket,
-                item.token,
-                self.gpu,
-                probe=self._probe is not None,
-                healthy=not self._probe and not self.health.failing,
-            )
+            running = RunningTicket(item.ticket, item.token, self.gpu, probe=self._probe is not None)
             if not self.inflight.add(running):
                 self.writer.give_back(running, "worker shutting down before the ticket started")
                 continue

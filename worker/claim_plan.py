@@ -10,8 +10,8 @@ worker's world (as vLLM's scheduler returns one plan per step):
    critical answers' run times against their SLO allow;
 3. **the critical reserve**: a share of the batch's slots and of the KV cache kept free of
    non-critical tickets, so a loan arriving a moment later still finds room;
-4. **health**: a failing vLLM is probed with one ticket at a time; a half-open circuit with its one
-   probe; an open circuit takes nothing;
+4. **health** (the shared breaker, `breaker_gate.py`): after vLLM failed, nothing while the pause
+   runs, then the one probe of all workers; a half-open circuit its one probe; an open one nothing;
 5. **preemption**: at the limit, a critical ticket waiting at the head may take the slot of the
    newest non-critical one (`preemption.py` chooses it).
 
@@ -41,14 +41,12 @@ class Bound(StrEnum):
     OPEN = "open"
 
 
-class Health(StrEnum):
-    OK = "ok"
-    FAILING = "failing"
-    """vLLM failed the last call: one ticket at a time until one succeeds."""
-    PROBING = "probing"
-    """The only circuit that lets anything through is half-open: its one probe."""
-    OPEN = "open"
-    """Every circuit is open: nothing is claimed."""
+class Gate(StrEnum):
+    """What endpoint health lets through: all, one probe ticket, or nothing (why: a health `Bound`)."""
+
+    GO = "go"
+    PROBE = "probe"
+    WAIT = "wait"
 
 
 @dataclass(frozen=True)
@@ -65,7 +63,9 @@ class Snapshot:
     throttle: int | None = None
     """The adaptive throttle's limit; None while it is not in force."""
     reserve_share: float = 0.0
-    health: Health = Health.OK
+    health: Gate = Gate.GO
+    health_bound: Bound = Bound.OPEN
+    """Why health holds the claim back when it does: `failing`, `half_open` or `open`."""
 
 
 @dataclass(frozen=True)
@@ -95,11 +95,11 @@ def reserved_slots(limit: int, share: float) -> int:
 
 def plan_claim(snap: Snapshot) -> ClaimPlan:
     """The next claim, from `snap`; see the module's docstring for the order of the bounds."""
-    if snap.health is Health.OPEN:
-        return ClaimPlan(0, 0, 0, 0, Bound.OPEN, preempt=False)
-    healthy = snap.health is Health.OK
+    if snap.health is Gate.WAIT:
+        return ClaimPlan(0, 0, 0, 0, snap.health_bound, preempt=False)
+    healthy = snap.health is Gate.GO
     limit = snap.capacity if healthy else 1
-    bound = snap.capacity_bound if healthy else _health_bound(snap.health)
+    bound = snap.capacity_bound if healthy else snap.health_bound
     free = limit - snap.running
     budget = snap.token_budget
     if free <= 0:
@@ -119,7 +119,3 @@ def plan_claim(snap: Snapshot) -> ClaimPlan:
     if normal_count == 0 and bound is not Bound.ADAPTIVE:
         bound = Bound.CRITICAL_RESERVE
     return ClaimPlan(free, normal_count, budget, normal_budget, bound, preempt=True)
-
-
-def _health_bound(health: Health) -> Bound:
-    return Bound.FAILING if health is Health.FAILING else Bound.HALF_OPEN

@@ -26,7 +26,6 @@ from worker.result_writer import ResultWriter
 from worker.rollout_routing import ArmClient
 from worker.throttle import Throttle
 from worker.vllm_client import RequestAborted, VllmClient, VllmError
-from worker.vllm_health import VllmHealth
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +53,6 @@ class Executor:
     policy: Policy
     primary: VllmClient
     fallback: VllmClient | None
-    health: VllmHealth
     writer: ResultWriter
     inflight: InFlight
     degraded: bool = False
@@ -77,13 +75,19 @@ class Executor:
             return endpoint.rollout.client_for(running.ticket, chosen, self.primary)
         return chosen
 
-    def _record(self, client: VllmClient | ArmClient, running: RunningTicket, ok: bool) -> None:
+    def _record(
+        self, client: VllmClient | ArmClient, running: RunningTicket, error: VllmError | None = None
+    ) -> None:
+        """Count the call on its endpoint's breaker, the one health state: only a transient error
+        is a failure (it pauses claims, at least as long as vLLM's Retry-After asks)."""
         if self.endpoints is None:
             return
         endpoint = client.answered_by if isinstance(client, ArmClient) else client
         probe = running.probe or (isinstance(client, ArmClient) and client.probe)
+        ok, retry_after = (True, None) if error is None else (not error.transient, error.retry_after)
         try:
-            self.endpoints.of_ticket(running.id).breakers.record(endpoint, ok, probe=probe)
+            breakers = self.endpoints.of_ticket(running.id).breakers
+            breakers.record(endpoint, ok, probe=probe, retry_after=retry_after)
         except redis.RedisError as exc:  # the answer still counts; only the breaker misses one sample
             log.warning("breaker: could not count an outcome of %s (%s)", client.base_url, exc)
 
@@ -142,16 +146,14 @@ class Executor:
             return
         except VllmError as error:
             telemetry.count_vllm_error(self.worker_id, error.kind.value)
-            self._record(client, running, ok=not error.transient)
+            self._record(client, running, error)
             if error.transient:
-                pause = self.health.failure(error.retry_after)
                 log.warning(
-                    "vLLM %s failed ticket %s (%s): %s; pausing claims %.1f s",
+                    "vLLM %s failed ticket %s (%s): %s",
                     client.base_url,
                     running.id,
                     error.kind.value,
                     error.message,
-                    pause,
                     extra=ticket_fields(running.ticket, self.worker_id),
                 )
                 message = f"{error.kind.value}: {error.message}"
@@ -161,13 +163,11 @@ class Executor:
                 if live is not None:
                     self._publish_outcome(live, outcome, message)
             else:
-                self.health.success()
                 message = f"vLLM rejected the request ({error.status_code}): {error.message}"
                 if self.writer.failed(running, message) and live is not None:
                     live.end("failed", error=message)
             return
-        self.health.success()
-        self._record(client, running, ok=True)
+        self._record(client, running)
         ticket_type = running.ticket.type
         if self.throttle is not None and client is self.primary and self.policy.is_critical(ticket_type):
             slo = self.policy.type_policy(ticket_type).slo_seconds

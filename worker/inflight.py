@@ -37,14 +37,17 @@ class RunningTicket:
     handle: RequestHandle = field(default_factory=RequestHandle)
     claimed_at: float = field(default_factory=time.monotonic)
     probe: bool = False
-    """Sent as the half-open probe of the primary's breaker."""
-    healthy: bool = True
-    """Whether its endpoint was considered healthy when it was claimed: only then does a failure
-    spend one of its attempts (an outage is not the ticket's fault)."""
+    """Sent as the probe of the primary's breaker (failing or half-open)."""
 
     @property
     def id(self) -> str:
         return self.ticket.id
+
+    @property
+    def healthy(self) -> bool:
+        """Whether its endpoint was considered healthy when it was claimed (a probe's was not):
+        only then does a failure spend one of its attempts (an outage is not the ticket's fault)."""
+        return not self.probe
 
     @property
     def started(self) -> bool:

@@ -3,8 +3,8 @@
 A worker serving `--queue a --queue b` keeps a breaker gate and a rollout router per queue, each
 in that queue's keys, so an endpoint failing `b`'s tickets opens `b`'s breaker and not `a`'s, and
 each queue runs its own rollout. A ticket is routed and counted by the queue it came from. The
-claim loop asks `routes()`: claim from the queues whose circuit is closed, and (one step at a
-time) take the one half-open probe of a queue whose circuit is probing.
+claim loop asks `routes()`: claim from the queues whose endpoint is healthy, and (one step at a
+time) take the one probe of a queue whose endpoint is failing or half-open.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from shared.queue import TicketQueue
-from worker.breaker_gate import BreakerGate, Gate
+from worker.breaker_gate import BreakerGate
+from worker.claim_plan import Bound, Gate
 from worker.queue_set import Queues, QueueSet
 from worker.rollout_routing import RolloutRouter
 
@@ -26,10 +27,12 @@ class Routes:
     probe: str | None = None
     wait_seconds: float = 0.0
     """With nothing to claim from: how long until a circuit may let claims through again."""
+    why: Bound | None = None
+    """Why nothing healthy is claimed from: the probe's reason, else the soonest wait's."""
 
     @property
-    def waits(self) -> bool:
-        return not self.among and self.probe is None
+    def gate(self) -> Gate:
+        return Gate.GO if self.among else Gate.PROBE if self.probe is not None else Gate.WAIT
 
 
 @dataclass(frozen=True)
@@ -67,20 +70,22 @@ class QueueEndpoints:
         return self._by_name[queue]
 
     def routes(self) -> Routes:
-        """Closed circuits are claimed from; of the half-open ones, the first whose probe is free
-        is offered (the caller takes it with `take_probe`); open ones wait."""
+        """Healthy endpoints are claimed from; of the probing ones, the first whose probe is free
+        is offered (the caller takes it with `take_probe`); the rest wait."""
         among: list[str] = []
         probe: str | None = None
-        waits: list[float] = []
+        probing: Bound | None = None
+        waits: list[tuple[float, Bound | None]] = []
         for endpoint in self.endpoints:
-            gate, seconds = endpoint.breakers.claim_gate()
+            gate, seconds, why = endpoint.breakers.claim_gate()
             if gate is Gate.GO:
                 among.append(endpoint.name)
             elif gate is Gate.PROBE and probe is None:
-                probe = endpoint.name
+                probe, probing = endpoint.name, why
             else:
-                waits.append(seconds)
-        return Routes(tuple(among), probe, min(waits, default=0.0))
+                waits.append((seconds, why))
+        wait, soonest = min(waits, key=lambda w: w[0], default=(0.0, None))
+        return Routes(tuple(among), probe, wait, probing or soonest)
 
     def take_probe(self, queue: str) -> bool:
         return self.named(queue).breakers.take_probe()

@@ -47,7 +47,6 @@ from worker.rollout_routing import RolloutRouter
 from worker.telemetry import GaugeSnapshot
 from worker.throttle import Throttle
 from worker.vllm_client import VllmClient, VllmError
-from worker.vllm_health import VllmHealth
 
 log = logging.getLogger(__name__)
 
@@ -63,12 +62,6 @@ def _sizer(config: WorkerConfig, policy: Policy) -> BatchSizer:
         kv_high_watermark=config.kv_high_watermark,
         initial_ticket_tokens=policy.queue.default_max_tokens + 512,
     )
-
-
-def _health(policy: Policy) -> VllmHealth:
-    # The same backoff curve the policy sets for ticket retries paces claims against a failing vLLM.
-    base = max(policy.queue.retry_backoff_seconds, 0.01)
-    return VllmHealth(base_seconds=base, max_seconds=max(policy.queue.retry_backoff_max_seconds, base))
 
 
 def make_throttle(config: WorkerConfig, policy: Policy) -> Throttle | None:
@@ -106,7 +99,6 @@ class Worker:
         self.stop_requested = threading.Event()
         self.inflight = InFlight()
         self.sizer = _sizer(config, policy)
-        self.health = _health(policy)
         self.primary = VllmClient(config.vllm_url, model=config.model, pool_size=config.max_batch)
         self.fallbacks = [
             VllmClient(url, pool_size=config.max_batch) for url in fallback_urls(config.fallback_vllm_url)
@@ -133,7 +125,6 @@ class Worker:
             policy=policy,
             primary=self.primary,
             fallback=self.fallback,
-            health=self.health,
             writer=self.writer,
             inflight=self.inflight,
             endpoints=self.endpoints,
@@ -153,11 +144,12 @@ class Worker:
         self.draining = False
 
     def _endpoints(self, redis: Redis) -> QueueEndpoints:
-        """A breaker gate and a rollout router per served queue, in that queue's keys."""
+        """A breaker gate and a rollout router per served queue, in that queue's keys. The ticket
+        retry curve paces claims against a failing vLLM too."""
         served = self.queues.queues if isinstance(self.queues, QueueSet) else [self.queue]
         views = []
         for queue in served:
-            store = BreakerStore(redis, queue.keys, self.policy.breaker)
+            store = BreakerStore(redis, queue.keys, self.policy.breaker, self.policy.queue)
             gate = BreakerGate(store, self.policy, self.primary, self.fallbacks)
             router = RolloutRouter(
                 redis, queue.keys, self.policy, pool_size=self.config.max_batch, breakers=gate
@@ -172,7 +164,6 @@ class Worker:
             gpu=self.config.gpu,
             sizer=self.sizer,
             inflight=self.inflight,
-            health=self.health,
             writer=self.writer,
             start=self._start_ticket,
             stop=self.stop_requested,

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from email.utils import format_datetime
 from typing import Any
 
+import httpx
 import pytest
 from redis import Redis
 from tidegate_client import (
@@ -37,19 +38,62 @@ LOAN = {"type": "loan_approval", "prompt": "Approve a 20k loan?", "urgent_level"
 COMPLAINT = {"type": "complaint", "prompt": "My card was charged twice."}
 
 
+def _reads_a_ticket(request: httpx.Request) -> bool:
+    return request.method == "GET" and request.url.path.startswith("/v1/tickets/")
+
+
+class TicketReads(httpx.HTTPTransport):
+    """The real transport, with an event set once the API has answered a GET of a ticket: a test
+    that must act while the client is already waiting acts after it instead of after a sleep."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.answered = threading.Event()
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        response = super().handle_request(request)
+        if _reads_a_ticket(request):
+            self.answered.set()
+        return response
+
+
+class AsyncTicketReads(httpx.AsyncHTTPTransport):
+    """TicketReads for the async client."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.answered = asyncio.Event()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await super().handle_async_request(request)
+        if _reads_a_ticket(request):
+            self.answered.set()
+        return response
+
+
 @pytest.fixture
-def client(api: Api, branch_key: str) -> Iterator[TidegateClient]:
-    with TidegateClient(api.base_url, branch_key, retry=RetryPolicy(deadline=20)) as c:
+def reads() -> TicketReads:
+    return TicketReads()
+
+
+@pytest.fixture
+def client(api: Api, branch_key: str, reads: TicketReads) -> Iterator[TidegateClient]:
+    with TidegateClient(api.base_url, branch_key, retry=RetryPolicy(deadline=20), transport=reads) as c:
         yield c
 
 
-def test_submit_get_wait_and_cancel(client: TidegateClient, ticket_queue: TicketQueue) -> None:
+def test_submit_get_wait_and_cancel(
+    client: TidegateClient, reads: TicketReads, ticket_queue: TicketQueue
+) -> None:
     accepted = client.submit(LOAN)
     assert accepted.status is TicketStatus.QUEUED
     assert client.get(accepted.id).priority == pytest.approx(-0.2)
+    reads.answered.clear()
+    polled_first: list[bool] = []
 
     def worker() -> None:
-        time.sleep(0.3)
+        # Finish only once `wait` has read the ticket still queued, so it must poll again.
+        polled_first.append(reads.answered.wait(10))
         claimed = ticket_queue.claim("w-client-test", 1)[0]
         ticket_queue.finish(claimed.ticket.id, claimed.token, "done", result="approved")
 
@@ -57,6 +101,7 @@ def test_submit_get_wait_and_cancel(client: TidegateClient, ticket_queue: Ticket
     thread.start()
     view = client.wait(accepted.id, timeout=10)
     thread.join()
+    assert polled_first == [True], "the client's wait never read the ticket"
     assert (view.status, view.result) == (TicketStatus.DONE, "approved")
 
     other = client.submit(COMPLAINT)
@@ -224,12 +269,14 @@ def test_the_async_client_submits_waits_and_cancels(
     api: Api, branch_key: str, ticket_queue: TicketQueue
 ) -> None:
     async def scenario() -> tuple[TicketView, CancelResult, int]:
-        async with AsyncTidegateClient(api.base_url, branch_key, retry=RetryPolicy(deadline=20)) as client:
+        reads = AsyncTicketReads()
+        retry = RetryPolicy(deadline=20)
+        async with AsyncTidegateClient(api.base_url, branch_key, retry=retry, transport=reads) as client:
             accepted = await client.submit(LOAN)
             claimed = ticket_queue.claim("w-async-client", 1)[0]
             assert claimed.ticket.id == accepted.id
             waiting = asyncio.create_task(client.wait(accepted.id, timeout=10, poll_initial=0.05))
-            await asyncio.sleep(0.2)
+            await asyncio.wait_for(reads.answered.wait(), 10)  # its first poll saw the ticket running
             ticket_queue.finish(claimed.ticket.id, claimed.token, "done", result="approved")
             done = await waiting
             other = await client.submit(COMPLAINT)

@@ -1,5 +1,6 @@
 """Breaker state shared through Redis: counted by many workers at once, each transition written
-(and its event recorded) exactly once, one half-open probe at a time, buckets that expire."""
+(and its event recorded) exactly once, one probe at a time (half-open, or after a failure pause
+every worker shares), buckets that expire."""
 
 from __future__ import annotations
 
@@ -11,12 +12,15 @@ import pytest
 from redis import Redis
 
 from shared import clock
-from shared.breaker import Phase
+from shared.breaker import Phase, endpoint_id
 from shared.breaker_store import BreakerStore
 from shared.control import read_events
 from shared.keys import QueueKeys
-from shared.policy import BreakerLevelPolicy, BreakerPolicy, InstantPolicy
+from shared.policy import BreakerLevelPolicy, BreakerPolicy, InstantPolicy, QueuePolicy, load_policy
 from tests.fake_clock import FakeClock
+from worker.breaker_gate import CACHE_SECONDS, BreakerGate
+from worker.claim_plan import Bound, Gate
+from worker.vllm_client import VllmClient
 
 POLICY = BreakerPolicy(
     min_requests=5,
@@ -97,3 +101,42 @@ def test_buckets_expire_and_an_emptied_window_clears_its_rung(
     state, transitions = store.record("vllm-b:8000", None)
     assert set(transitions) == {"sustained:off", "deep:off"}
     assert not state.sustained and not state.deep
+
+
+def test_two_workers_share_one_failure_pause_and_only_one_gets_the_probe(
+    redis_client: Redis, queue_name: str, fake_clock: FakeClock
+) -> None:
+    keys = QueueKeys(queue_name)
+    vllm = VllmClient("http://127.0.0.1:9")  # never called: only its URL names the endpoint
+    retry = QueuePolicy(retry_backoff_seconds=1.0, retry_backoff_max_seconds=8.0)
+    first, second = (
+        BreakerGate(BreakerStore(redis_client, keys, POLICY, retry), load_policy(), vllm, [])
+        for _ in range(2)
+    )
+    assert second.claim_gate() == (Gate.GO, 0.0, None)
+    first.record(vllm, False, retry_after=2.0)  # vLLM asks for 2 s, more than the first ceiling
+    fake_clock.advance(CACHE_SECONDS)
+    for gate in (first, second):
+        verdict, wait, why = gate.claim_gate()
+        assert (verdict, why) == (Gate.WAIT, Bound.FAILING) and wait == pytest.approx(2.0 - CACHE_SECONDS)
+    second.record(vllm, False)  # the rest of the crashed batch: the same outage
+    state = first.store.read(endpoint_id(vllm.base_url))
+    assert state.failures == 1 and state.phase(clock.now()) is Phase.CLOSED, "pacing is no circuit"
+
+    fake_clock.advance(2.0)
+    assert [g.claim_gate()[0] for g in (first, second)] == [Gate.PROBE, Gate.PROBE]
+    assert [g.take_probe() for g in (second, first)] == [True, False], "one probe for both workers"
+    fake_clock.advance(CACHE_SECONDS)
+    assert first.claim_gate()[0] is Gate.WAIT, "the other worker's probe is out"
+    second.record(vllm, False, probe=True, retry_after=3.0)  # the probe failed: both pause again
+    fake_clock.advance(CACHE_SECONDS)
+    state = first.store.read(endpoint_id(vllm.base_url))
+    assert (state.failures, state.probe_until) == (2, 0)
+    assert [g.claim_gate()[0] for g in (first, second)] == [Gate.WAIT, Gate.WAIT]
+
+    fake_clock.advance(3.0)
+    assert first.take_probe() and not second.take_probe()
+    first.record(vllm, True, probe=True)
+    fake_clock.advance(CACHE_SECONDS)
+    assert [g.claim_gate()[0] for g in (first, second)] == [Gate.GO, Gate.GO]
+    vllm.close()

@@ -6,8 +6,8 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from redis import Redis
@@ -75,21 +75,27 @@ def test_a_clean_shutdown_hands_over_at_once(make_monitor: MonitorFactory, redis
 
 
 # ---- real processes ------------------------------------------------------------------------------------
+SpawnMonitor = Callable[[], tuple[subprocess.Popen[bytes], Path]]
+
+
 @pytest.fixture
-def spawn_monitor(redis_url: str, queue_name: str) -> Iterator[object]:
+def spawn_monitor(redis_url: str, queue_name: str, tmp_path: Path) -> Iterator[SpawnMonitor]:
+    """Starts `tidegate monitor` processes; each returns with the file its log goes to."""
     env = {**os.environ, "TIDEGATE_REDIS_URL": redis_url, "TIDEGATE_QUEUE_NAME": queue_name}
     started: list[subprocess.Popen[bytes]] = []
 
-    def spawn() -> subprocess.Popen[bytes]:
+    def spawn() -> tuple[subprocess.Popen[bytes], Path]:
         args = ["monitor", "--interval", "0.2", "--lock-ttl", "1.5", "--metrics-port", "0"]
-        process = subprocess.Popen(
-            [sys.executable, "-c", "from tidegate.cli import main; main()", *args],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        log_path = tmp_path / f"monitor-{len(started)}.log"
+        with log_path.open("wb") as log_file:
+            process = subprocess.Popen(
+                [sys.executable, "-c", "from tidegate.cli import main; main()", *args],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=log_file,
+            )
         started.append(process)
-        return process
+        return process, log_path
 
     yield spawn
     for process in started:
@@ -99,20 +105,21 @@ def spawn_monitor(redis_url: str, queue_name: str) -> Iterator[object]:
 
 
 def test_killing_the_acting_process_hands_over_within_the_lock_expiry(
-    spawn_monitor: object, redis_client: Redis, queue_name: str
+    spawn_monitor: SpawnMonitor, redis_client: Redis, queue_name: str
 ) -> None:
     keys = QueueKeys(queue_name)
-    processes = [spawn_monitor(), spawn_monitor()]  # type: ignore[operator]
+    logs = dict(spawn_monitor() for _ in range(2))
     wait_until(lambda: acting_monitor(redis_client, keys) is not None, 30, "a monitor to act")
     holder = acting_monitor(redis_client, keys)
     assert holder is not None
     pid = int(holder.split(":")[1])
-    by_pid = {p.pid: p for p in processes}
+    by_pid = {p.pid: p for p in logs}
     assert pid in by_pid
-    standby = next(p for p in processes if p.pid != pid)
-    # Both are up: the standby has sampled at least once before the kill.
+    standby = next(p for p in logs if p.pid != pid)
+    # Both are up: the standby has logged that it watches the queue, which it does right before its
+    # sampling thread starts bidding for the lock every interval.
+    wait_until(lambda: "watching queue" in logs[standby].read_text(), 30, "the standby to contend")
     wait_until(lambda: redis_client.hget(keys.alarm, "updated_at") is not None, 10, "a first sample")
-    time.sleep(1.0)
 
     by_pid[pid].send_signal(signal.SIGKILL)
     by_pid[pid].wait(10)

@@ -14,7 +14,8 @@ from shared.breaker import BreakerState
 from shared.policy import load_policy
 from tests.fake_clock import FakeClock
 from worker import breaker_gate
-from worker.breaker_gate import CACHE_SECONDS, BreakerGate, Gate
+from worker.breaker_gate import CACHE_SECONDS, BreakerGate
+from worker.claim_plan import Bound, Gate
 from worker.vllm_client import ErrorKind, VllmError
 
 POLICY = load_policy()
@@ -38,18 +39,18 @@ class FakeStore:
     states: dict[str, BreakerState] = field(default_factory=dict)
     transitions: list[str] = field(default_factory=list)
     reads: int = 0
-    recorded: list[tuple[str, bool | None, bool]] = field(default_factory=list)
+    recorded: list[tuple[str, bool | None, bool, float | None]] = field(default_factory=list)
     probes: int = 0
     described: dict[str, dict[str, str]] = field(default_factory=dict)
     redis: Any = None
     keys: Any = None
 
     def record(
-        self, endpoint: str, ok: bool | None, *, probe: bool = False
+        self, endpoint: str, ok: bool | None, *, probe: bool = False, retry_after: float | None = None
     ) -> tuple[BreakerState, list[str]]:
         self.reads += ok is None
         if ok is not None:
-            self.recorded.append((endpoint, ok, probe))
+            self.recorded.append((endpoint, ok, probe, retry_after))
         transitions, self.transitions = self.transitions, []
         return self.states.get(endpoint, BreakerState()), transitions
 
@@ -82,15 +83,26 @@ def make_gate(*fallbacks: FakeEndpoint, primary: FakeEndpoint | None = None) -> 
 
 def test_the_claim_gate_follows_the_primarys_phase(fake_clock: FakeClock) -> None:
     gate, store = make_gate()
-    assert gate.claim_gate() == (Gate.GO, 0.0)
+    assert gate.claim_gate() == (Gate.GO, 0.0, None)
     store.states["primary:8000"] = BreakerState(open_until=fake_clock.at + 12)
     fake_clock.advance(CACHE_SECONDS)
-    assert gate.claim_gate() == (Gate.WAIT, pytest.approx(12 - CACHE_SECONDS))
+    assert gate.claim_gate() == (Gate.WAIT, pytest.approx(12 - CACHE_SECONDS), Bound.OPEN)
     fake_clock.advance(12)
-    assert gate.claim_gate() == (Gate.PROBE, 0.0), "half-open, no probe out"
+    assert gate.claim_gate() == (Gate.PROBE, 0.0, Bound.HALF_OPEN), "half-open, no probe out"
     store.states["primary:8000"] = BreakerState(open_until=1.0, probe_until=fake_clock.at + 5)
     fake_clock.advance(CACHE_SECONDS)
     assert gate.claim_gate()[0] is Gate.WAIT, "another worker's probe is out"
+
+
+def test_after_a_failure_the_gate_waits_out_the_pause_then_offers_the_probe(fake_clock: FakeClock) -> None:
+    gate, store = make_gate()
+    store.states["primary:8000"] = BreakerState(failures=1, paused_until=fake_clock.at + 3)
+    assert gate.claim_gate() == (Gate.WAIT, pytest.approx(3.0), Bound.FAILING)
+    fake_clock.advance(3)
+    assert gate.claim_gate() == (Gate.PROBE, 0.0, Bound.FAILING)
+    store.states["primary:8000"] = BreakerState(failures=1, probe_until=fake_clock.at + 5)
+    fake_clock.advance(CACHE_SECONDS)
+    assert gate.claim_gate() == (Gate.WAIT, 0.5, Bound.FAILING), "another worker probes"
 
 
 def test_the_state_is_read_once_per_cache_period(fake_clock: FakeClock) -> None:
@@ -111,6 +123,9 @@ def test_probes_go_to_the_primary_and_sustained_errors_to_a_matched_fallback(fak
     store.states["primary:8000"] = BreakerState(sustained=True)
     assert gate.client_for(routed_to_fallback=False, probe=True) is gate.primary
     assert gate.client_for(routed_to_fallback=False, probe=False) is matched
+    store.states["fallback-a:8000"] = BreakerState(failures=1, paused_until=fake_clock.at + 2)
+    fake_clock.advance(CACHE_SECONDS)
+    assert gate.client_for(routed_to_fallback=False, probe=False) is gate.primary, "its failure pause runs"
     store.states["fallback-a:8000"] = BreakerState(open_until=fake_clock.at + 30)
     fake_clock.advance(CACHE_SECONDS)
     assert gate.client_for(routed_to_fallback=False, probe=False) is gate.primary, "its circuit is open"
@@ -153,8 +168,8 @@ def test_outcomes_are_counted_and_transitions_told_to_listeners(fake_clock: Fake
     gate.record(gate.primary, True)
     store.transitions = ["instant:opened"]
     store.states["primary:8000"] = BreakerState(open_until=fake_clock.at + 30)
-    gate.record(gate.primary, False, probe=True)
-    assert store.recorded == [("primary:8000", True, False), ("primary:8000", False, True)]
+    gate.record(gate.primary, False, probe=True, retry_after=4.0)
+    assert store.recorded == [("primary:8000", True, False, None), ("primary:8000", False, True, 4.0)]
     assert heard == [("primary:8000", ["instant:opened"])]
     assert not gate.primary_healthy(), "the recorded state is the cached one"
 

@@ -17,13 +17,11 @@ from shared.policy import load_policy
 from shared.queue import ClaimedTicket
 from shared.submission import Submission
 from tests.fake_clock import FakeClock
-from worker.breaker_gate import Gate
 from worker.claim_loop import ClaimLoop
-from worker.claim_plan import Bound
+from worker.claim_plan import Bound, Gate
 from worker.deadlines import StartRule
 from worker.inflight import InFlight, RunningTicket
 from worker.queue_endpoints import QueueEndpoint, QueueEndpoints
-from worker.vllm_health import VllmHealth
 
 POLICY = load_policy()
 BLOCK_SECONDS = 0.01
@@ -84,12 +82,16 @@ class FakeSizer:
 
 
 class FakeGate:
-    def __init__(self, gate: Gate, wait: float = 0.0, probe: bool = True) -> None:
-        self.gate = (gate, wait)
+    """The shared breaker as one worker sees it: the test sets the verdict and who wins the probe."""
+
+    def __init__(
+        self, gate: Gate, wait: float = 0.0, probe: bool = True, why: Bound = Bound.HALF_OPEN
+    ) -> None:
+        self.gate: tuple[Gate, float, Bound | None] = (gate, wait, None if gate is Gate.GO else why)
         self.probe = probe
         self.released = 0
 
-    def claim_gate(self) -> tuple[Gate, float]:
+    def claim_gate(self) -> tuple[Gate, float, Bound | None]:
         return self.gate
 
     def take_probe(self) -> bool:
@@ -124,7 +126,6 @@ class Loop:
     inflight: InFlight
     started: list[RunningTicket]
     writer: FakeWriter
-    health: VllmHealth
 
 
 @pytest.fixture
@@ -142,14 +143,12 @@ def make_loop(
 ) -> Loop:
     queue, inflight, writer = FakeQueue(), InFlight(), FakeWriter()
     started: list[RunningTicket] = []
-    health = VllmHealth(base_seconds=1.0, max_seconds=8.0)
     loop = ClaimLoop(
         queue=queue,  # type: ignore[arg-type]
         worker_id="w-unit",
         gpu=0,
         sizer=FakeSizer(limit, budget),  # type: ignore[arg-type]
         inflight=inflight,
-        health=health,
         writer=writer,  # type: ignore[arg-type]
         start=started.append,
         stop=threading.Event(),
@@ -159,7 +158,7 @@ def make_loop(
         endpoints=None if gate is None else endpoints_of(gate, queue),
         start_rule=start_rule,
     )
-    return Loop(loop, queue, inflight, started, writer, health)
+    return Loop(loop, queue, inflight, started, writer)
 
 
 def test_a_round_claims_the_free_slots_and_starts_each_ticket(fake_clock: FakeClock) -> None:
@@ -190,25 +189,28 @@ def test_no_kv_budget_left_holds_claims_while_something_runs(fake_clock: FakeClo
 
 
 def test_after_a_vllm_failure_it_pauses_then_probes_with_one_ticket(fake_clock: FakeClock) -> None:
-    run = make_loop(limit=4)
+    gate = FakeGate(Gate.WAIT, 2.0, why=Bound.FAILING)
+    run = make_loop(limit=4, gate=gate)
     run.queue.ready = [claimed() for _ in range(3)]
-    pause = run.health.failure()
     run.loop._step()
     assert run.queue.claims == [], "paused: nothing is claimed"
-    fake_clock.advance(pause + 0.01)
+    assert run.loop.last_plan is not None and run.loop.last_plan.bound is Bound.FAILING
+    gate.gate = (Gate.PROBE, 0.0, Bound.FAILING)
     run.loop._step()
-    assert [c["count"] for c in run.queue.claims] == [1], "failing: one ticket at a time"
-    assert run.started[0].healthy is False, "a failure of it will not spend an attempt"
-    run.health.success()
+    assert [c["count"] for c in run.queue.claims] == [1], "failing: the one probe ticket"
+    assert run.started[0].probe and run.started[0].healthy is False, "its failure spends no attempt"
+    assert run.loop.last_plan is not None and run.loop.last_plan.bound is Bound.FAILING
+    gate.gate = (Gate.GO, 0.0, None)  # the probe succeeded
     run.loop._step()
     assert run.queue.claims[-1]["count"] == 3
 
 
 def test_an_open_circuit_claims_nothing(fake_clock: FakeClock) -> None:
-    run = make_loop(gate=FakeGate(Gate.WAIT, 30.0))
+    run = make_loop(gate=FakeGate(Gate.WAIT, 30.0, why=Bound.OPEN))
     run.queue.ready = [claimed()]
     run.loop._step()
     assert run.queue.claims == []
+    assert run.loop.last_plan is not None and run.loop.last_plan.bound is Bound.OPEN
 
 
 def test_half_open_the_worker_that_wins_the_probe_claims_one_ticket_as_the_probe(
@@ -220,6 +222,7 @@ def test_half_open_the_worker_that_wins_the_probe_claims_one_ticket_as_the_probe
     run.loop._step()
     assert [c["count"] for c in run.queue.claims] == [1]
     assert run.started[0].probe and not run.started[0].healthy
+    assert run.loop.last_plan is not None and run.loop.last_plan.bound is Bound.HALF_OPEN
 
 
 def test_half_open_a_worker_that_loses_the_probe_claims_nothing(fake_clock: FakeClock) -> None:

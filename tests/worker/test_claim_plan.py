@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from worker.claim_plan import Bound, ClaimPlan, Health, Snapshot, plan_claim, reserved_slots
+from worker.claim_plan import Bound, ClaimPlan, Gate, Snapshot, plan_claim, reserved_slots
 
 BASE = Snapshot(
     capacity=20,
@@ -61,21 +61,18 @@ def test_unknown_kv_figures_mean_no_budget() -> None:
     assert plan.budget == 0 and plan.normal_budget == 0 and plan.count == 14
 
 
-@pytest.mark.parametrize(
-    ("health", "bound"), [(Health.FAILING, Bound.FAILING), (Health.PROBING, Bound.HALF_OPEN)]
-)
-def test_a_failing_or_probing_endpoint_takes_one_ticket_and_never_preempts(
-    health: Health, bound: Bound
-) -> None:
-    idle = plan_claim(replace(BASE, running=0, health=health))
+@pytest.mark.parametrize("bound", [Bound.FAILING, Bound.HALF_OPEN])
+def test_a_probing_endpoint_takes_one_ticket_and_never_preempts(bound: Bound) -> None:
+    idle = plan_claim(replace(BASE, running=0, health=Gate.PROBE, health_bound=bound))
     assert (idle.count, idle.normal_count, idle.bound, idle.preempt) == (1, 1, bound, False)
-    busy = plan_claim(replace(BASE, running=1, health=health))
+    busy = plan_claim(replace(BASE, running=1, health=Gate.PROBE, health_bound=bound))
     assert not busy.room and not busy.preempt
 
 
-def test_an_open_circuit_takes_nothing() -> None:
-    plan = plan_claim(replace(BASE, running=0, health=Health.OPEN))
-    assert not plan.room and plan.bound is Bound.OPEN and not plan.preempt
+@pytest.mark.parametrize("bound", [Bound.OPEN, Bound.FAILING])
+def test_an_open_circuit_or_a_failure_pause_takes_nothing(bound: Bound) -> None:
+    plan = plan_claim(replace(BASE, running=0, health=Gate.WAIT, health_bound=bound))
+    assert not plan.room and plan.bound is bound and not plan.preempt
 
 
 @pytest.mark.parametrize(

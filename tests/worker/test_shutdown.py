@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import time
 from collections.abc import Callable
 from typing import cast
 
@@ -63,9 +62,10 @@ def test_sigterm_returns_unstarted_tickets_at_once_and_finishes_running_ones(
     fast_queue: TicketQueue,
 ) -> None:
     # vLLM runs two sequences at a time; the worker sends six, so four wait inside vLLM unstarted.
-    # Slow decoding (10 ms a step) keeps the two running ones going for a second or more.
+    # Slow decoding (10 ms a step) keeps the two running ones going for a second or more. Each
+    # ticket's tokens go to its live stream, where the test sees which ones the worker has begun.
     sim = simulator(time_scale=1, max_num_seqs=2, decode_step_s=0.01)
-    ids = submit_many(producer_for(fast_queue), 6, max_tokens=600, ttl_seconds=120)
+    ids = submit_many(producer_for(fast_queue), 6, max_tokens=600, ttl_seconds=120, live="tokens")
     worker = spawn_worker(
         "--vllm-url",
         sim.base_url,
@@ -82,12 +82,11 @@ def test_sigterm_returns_unstarted_tickets_at_once_and_finishes_running_ones(
         lambda: (
             len(leased_by(redis_client, fast_queue, "polite")) == 6
             and sim_metric(sim.base_url, "vllm:num_requests_running") == 2
-            and sim_metric(sim.base_url, "vllm:time_to_first_token_seconds_count") == 2
+            and sum(cast("int", redis_client.xlen(fast_queue.keys.live(i))) > 0 for i in ids) == 2
         ),
         20,
-        "six leased, two generating",
+        "six leased, two generating, and the worker holding the first tokens of those two",
     )
-    time.sleep(0.1)  # the first tokens are streamed to the worker
     worker.send_signal(signal.SIGTERM)
     wait_until(
         lambda: fast_queue.stats().pending == 4, 2, "the four unstarted tickets back in the queue at once"

@@ -78,8 +78,8 @@ def test_a_dead_endpoint_spends_at_most_one_attempt_and_tickets_expire(
     start_worker: Callable[..., RunningWorker],
     fast_queue: TicketQueue,
 ) -> None:
-    """An outage is not the tickets' fault: after the first failures the worker considers vLLM
-    unhealthy, so its probes' failures spend no attempt, and tickets end `expired`, not `failed`."""
+    """An outage is not the tickets' fault: after the first failures the shared breaker holds vLLM
+    failing, so its probes' failures spend no attempt, and tickets end `expired`, not `failed`."""
     ids = submit_many(producer_for(fast_queue), 3, ttl_seconds=3)
     running = start_worker("http://127.0.0.1:1", gpu_backend=None, model="m")
     tickets = wait_all_ended(fast_queue, ids, 30, "every ticket to end")
@@ -91,7 +91,8 @@ def test_a_dead_endpoint_spends_at_most_one_attempt_and_tickets_expire(
         "tidegate_vllm_errors_total", {"worker": running.worker.config.worker_id, "kind": "connection"}
     )
     assert calls is not None and calls >= 2  # it kept probing, paced by its backoff
-    assert running.worker.health.failing
+    breakers = running.worker.breakers
+    assert breakers.store.read(breakers.primary_endpoint).failures >= 1
 
 
 def test_a_4xx_fails_the_ticket_with_vllms_message(
