@@ -103,14 +103,16 @@ def run_iperf_bench(
         cores = meter.stop()
         load_after = os.getloadavg()
         histogram_after = histogram_buckets(stack.api_url, E2E_TTFT, type=options.ticket_type)
-        tickets, lean = read_tickets(stack.redis, stack.queue_keys)
+        if tool.exit_code != 0:
+            raise PeerUnavailable(
+                f"inference-perf exited with code {tool.exit_code}; log {tool.log_path}:\n"
+                f"{log_tail(tool.log_path)}"
+            )
+        summary, requests = read_report(report_dir)
+        named = [r.ticket_id for r in requests if r.ticket_id]
+        tickets, missing = read_tickets(stack.redis, stack.queue_keys, named)
         counts = outcome_counts(stack.redis, stack.queue_keys, options.ticket_type)
         queue = stack.queue_name
-    if tool.exit_code != 0:
-        raise PeerUnavailable(
-            f"inference-perf exited with code {tool.exit_code}; log {tool.log_path}:\n{log_tail(tool.log_path)}"
-        )
-    summary, requests = read_report(report_dir)
     rows = compare(client_figures(summary), ticket_figures(tickets))
     gap = per_request_gap(requests, tickets, wall_minus_monotonic())
     bucket = quantile_bucket(histogram_before, histogram_after, 0.5)
@@ -123,8 +125,9 @@ def run_iperf_bench(
         "client": asdict(summary),
         "tidegate": {
             "tickets": len(tickets),
-            "lean_records": lean,
             "statuses": {s: sum(t.status == s for t in tickets) for s in sorted({t.status for t in tickets})},
+            "shed_codes": sorted(t.shed_code for t in tickets if t.shed_code),
+            "named_but_unknown": missing,
             "counts": counts,
             "api_e2e_ttft": {
                 "observed": (

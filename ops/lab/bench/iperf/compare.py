@@ -151,8 +151,11 @@ class Gap:
 
     paired: int
     unpaired_requests: int
-    """Requests whose answer named no ticket of the queue (failed ones, for instance)."""
+    """Requests not paired with an answered ticket: failed ones, and shed ones."""
     unpaired_tickets: int
+    """Tickets no request named."""
+    shed_answers: int
+    """Requests the client counted as answered whose ticket tidegate shed (a degraded 200)."""
     ttft: Spread
     """Client TTFT − ticket TTFT."""
     latency: Spread
@@ -172,7 +175,8 @@ def per_request_gap(
     """Pair requests with their tickets by id; `wall_minus_monotonic` puts the client's clock on
     tidegate's (None where they cannot be aligned: then only the differences of durations)."""
     by_id = {t.id: t for t in tickets}
-    pairs = [(r, by_id[r.ticket_id]) for r in requests if r.ok and r.ticket_id in by_id]
+    named = [(r, by_id.get(r.ticket_id or "")) for r in requests if r.ok]
+    pairs = [(r, t) for r, t in named if t is not None and t.answered]
     ttft, latency, before, after = [], [], [], []
     for request, ticket in pairs:
         if request.first_token is not None and ticket.ttft is not None:
@@ -183,11 +187,12 @@ def per_request_gap(
             before.append(ticket.created_at - (request.start + wall_minus_monotonic))
             if request.first_token is not None and ticket.first_token_at is not None:
                 after.append(request.first_token + wall_minus_monotonic - ticket.first_token_at)
-    paired_ids = {ticket.id for _, ticket in pairs}
+    named_ids = {r.ticket_id for r in requests}
     return Gap(
         paired=len(pairs),
         unpaired_requests=len(requests) - len(pairs),
-        unpaired_tickets=sum(1 for t in tickets if t.id not in paired_ids),
+        unpaired_tickets=sum(1 for t in tickets if t.id not in named_ids),
+        shed_answers=sum(1 for _, t in named if t is not None and t.status == "rejected"),
         ttft=Spread.of(ttft),
         latency=Spread.of(latency),
         before_ticket=Spread.of(before) if wall_minus_monotonic is not None else None,

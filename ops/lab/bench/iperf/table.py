@@ -66,6 +66,12 @@ def print_iperf(console: Console, doc: dict[str, Any]) -> None:
     )
     parts.add_row("client latency − ticket latency", _spread(gap["latency"]))
     console.print(parts)
+    if gap["shed_answers"]:
+        codes = ", ".join(doc["tidegate"]["shed_codes"])
+        console.print(
+            f"{gap['shed_answers']} request(s) inference-perf counted as answered were shed by tidegate "
+            f"({codes}): a degraded 200 with the policy's text"
+        )
     cpu = ", ".join(f"{name} {cores:.2f}" for name, cores in doc["cpu_cores"].items())
     load = doc["load_average"]
     console.print(f"CPU (cores): {cpu}")

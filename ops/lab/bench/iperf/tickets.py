@@ -5,12 +5,16 @@ already read, its key checked), `first_token_at` when the worker read the first 
 `finished_at` when the worker wrote the answer. So its time to first token and its latency leave out
 the request's way in before the ticket exists and the answer's way out (worker → Redis stream →
 API → client): they are tidegate's own view, not the caller's.
+
+A shed call leaves no ticket hash but a record in a bucket (shared/rejected.py); it reads as a
+`rejected` ticket with its shed code. With `shed_answer = "degraded"` its caller got a 200 with the
+policy's text, which a load generator counts as answered and tidegate counts as shed.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import cast
 
@@ -18,6 +22,7 @@ from redis import Redis
 
 from ops.lab.chaos.books import stored_ticket_ids
 from shared.keys import QueueKeys
+from shared.rejected import read_rejected
 
 FIELDS = ("status", "created_at", "first_token_at", "finished_at", "deadline", "usage")
 
@@ -33,6 +38,7 @@ class TicketTimes:
     finished_at: float | None
     deadline: float | None
     completion_tokens: int | None
+    shed_code: str | None = None
 
     @property
     def answered(self) -> bool:
@@ -84,18 +90,43 @@ def parse_ticket(ticket_id: str, fields: Sequence[str | None]) -> TicketTimes | 
     )
 
 
-def read_tickets(redis: Redis, keys: QueueKeys) -> tuple[list[TicketTimes], int]:
-    """Every ticket the queue holds, and how many ids had no readable hash (shed into a bucket)."""
-    ids = sorted(stored_ticket_ids(redis, keys))
+def read_tickets(
+    redis: Redis, keys: QueueKeys, named: Iterable[str] = ()
+) -> tuple[list[TicketTimes], list[str]]:
+    """Every ticket the queue holds, and those `named` (by their callers' answers) that were shed;
+    also the named ids tidegate has no record of at all."""
+    ids = sorted(stored_ticket_ids(redis, keys) | set(named))
     pipe = redis.pipeline(transaction=False)
     for ticket_id in ids:
         pipe.hmget(keys.ticket(ticket_id), list(FIELDS))
     tickets: list[TicketTimes] = []
+    hashless: list[str] = []
     for ticket_id, values in zip(ids, pipe.execute(), strict=True):
         ticket = parse_ticket(ticket_id, cast("list[str | None]", values))
-        if ticket is not None:
+        if ticket is None:
+            hashless.append(ticket_id)
+        else:
             tickets.append(ticket)
-    return tickets, len(ids) - len(tickets)
+    missing: list[str] = []
+    for ticket_id, record in zip(hashless, read_rejected(redis, keys, hashless), strict=True):
+        if record is None:
+            missing.append(ticket_id)
+        else:
+            tickets.append(_rejected(ticket_id, record))
+    return tickets, missing
+
+
+def _rejected(ticket_id: str, record: dict[str, str]) -> TicketTimes:
+    return TicketTimes(
+        id=ticket_id,
+        status=record["status"],
+        created_at=float(record.get("created_at") or 0.0),
+        first_token_at=None,
+        finished_at=None,
+        deadline=None,
+        completion_tokens=None,
+        shed_code=record.get("shed_code"),
+    )
 
 
 def outcome_counts(redis: Redis, keys: QueueKeys, ticket_type: str) -> dict[str, int]:

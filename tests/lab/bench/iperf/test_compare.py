@@ -100,8 +100,10 @@ def test_the_gap_splits_into_the_way_in_and_the_way_out() -> None:
         end = ticket.created_at + 1.0 + 0.003 - offset
         requests.append(ClientRequest(ticket.id, start, first, end, ok=True))
     requests.append(ClientRequest(None, 0.0, None, 1.0, ok=False))
-    gap = per_request_gap(requests, [*tickets, _ticket(9)], offset)
-    assert (gap.paired, gap.unpaired_requests, gap.unpaired_tickets) == (3, 1, 1)
+    shed = _ticket(5, status="rejected")
+    requests.append(ClientRequest(shed.id, 0.0, 0.1, 0.2, ok=True))  # a degraded 200
+    gap = per_request_gap(requests, [*tickets, shed, _ticket(9)], offset)
+    assert (gap.paired, gap.unpaired_requests, gap.unpaired_tickets, gap.shed_answers) == (3, 2, 1, 1)
     assert gap.ttft.p50_ms == pytest.approx(6.0, abs=0.01)
     assert gap.latency.p50_ms == pytest.approx(7.0, abs=0.01)
     assert gap.before_ticket is not None and gap.before_ticket.p50_ms == pytest.approx(4.0, abs=0.01)
@@ -123,8 +125,11 @@ def test_the_table_prints_every_row_and_the_verdict() -> None:
         },
         "rows": [row.to_dict() for row in rows],
         "agreement_holds": agreement_holds(rows),
-        "tidegate": {"api_e2e_ttft": {"observed": 1.0, "p50_ms": 210.0, "p50_bucket_s": [0.1, 0.25]}},
-        "gap": gap.to_dict(),
+        "tidegate": {
+            "api_e2e_ttft": {"observed": 1.0, "p50_ms": 210.0, "p50_bucket_s": [0.1, 0.25]},
+            "shed_codes": ["deadline_unreachable"],
+        },
+        "gap": gap.to_dict() | {"shed_answers": 1},
         "cpu_cores": {"api": 0.1, "inference-perf": 0.2},
         "load_average": {"before": [1.0, 1.0, 1.0], "after": [2.0, 1.0, 1.0]},
         "cpus": 2,
@@ -136,3 +141,6 @@ def test_the_table_prints_every_row_and_the_verdict() -> None:
     assert "TTFT p50" in text and "NO" in text
     assert "does NOT hold" in text
     assert "100–250 ms bucket" in text
+    assert (
+        "1 request(s) inference-perf counted as answered were shed by tidegate (deadline_unreachable)" in text
+    )

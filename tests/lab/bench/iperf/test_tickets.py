@@ -9,6 +9,7 @@ from redis import Redis
 from ops.lab.bench.iperf.tickets import outcome_counts, parse_ticket, read_tickets
 from producer.producer import Producer
 from shared.keys import QueueKeys
+from shared.policy import Policy
 
 
 def test_a_done_ticket_reads_its_times_and_tokens() -> None:
@@ -52,11 +53,29 @@ def test_read_tickets_finds_every_ticket_of_the_queue(
             "usage": json.dumps({"completion_tokens": 8}),
         },
     )
-    tickets, lean = read_tickets(redis_client, keys)
-    assert lean == 0
+    tickets, missing = read_tickets(redis_client, keys)
+    assert missing == []
     assert sorted(t.id for t in tickets) == sorted(s.ticket_id for s in submitted)
     done = next(t for t in tickets if t.id == first)
     assert done.ttft is not None and abs(done.ttft - 0.1) < 1e-6
     assert done.completion_tokens == 8
     assert {t.status for t in tickets if t.id != first} == {"queued"}
     assert outcome_counts(redis_client, keys, "complaint")["submitted"] == 3
+
+
+def test_a_shed_call_named_by_its_caller_reads_as_rejected_with_its_code(
+    producer: Producer, redis_client: Redis, policy: Policy, queue_name: str
+) -> None:
+    cap = policy.type_policy("complaint").cap
+    assert cap is not None
+    results = [
+        producer.submit({"type": "complaint", "branch_id": "b1", "prompt": "p", "max_tokens": 8})
+        for _ in range(cap + 1)
+    ]
+    shed = results[-1]
+    assert shed.outcome == "rejected"
+    tickets, missing = read_tickets(redis_client, QueueKeys(queue_name), [shed.ticket_id, "0unknown"])
+    assert missing == ["0unknown"]
+    assert len(tickets) == cap + 1
+    refused = next(t for t in tickets if t.id == shed.ticket_id)
+    assert (refused.status, refused.shed_code, refused.answered) == ("rejected", shed.code, False)
