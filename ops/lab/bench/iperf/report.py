@@ -40,6 +40,9 @@ class ClientSummary:
     good: int | None
     """Answered within the goodput constraints, when the config set any."""
     seconds: float | None
+    send_lag_p50: float | None
+    send_lag_p99: float | None
+    """How late its load worker sent requests against their Poisson times: a busy client shows here."""
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,8 @@ def parse_summary(doc: Mapping[str, Any]) -> ClientSummary:
         requests_per_s=_number(doc, "successes", "throughput", "requests_per_sec"),
         good=None if good is None else int(good),
         seconds=_number(doc, "benchmark_time_seconds"),
+        send_lag_p50=_number(doc, "load_summary", "schedule_delay", "median"),
+        send_lag_p99=_number(doc, "load_summary", "schedule_delay", "p99"),
     )
 
 

@@ -72,6 +72,12 @@ def print_iperf(console: Console, doc: dict[str, Any]) -> None:
             f"{gap['shed_answers']} request(s) inference-perf counted as answered were shed by tidegate "
             f"({codes}): a degraded 200 with the policy's text"
         )
+    client = doc.get("client") or {}
+    if client.get("send_lag_p50") is not None and client.get("send_lag_p99") is not None:
+        console.print(
+            f"inference-perf's send lag behind its Poisson schedule: p50 {client['send_lag_p50'] * 1000:.1f} ms, "
+            f"p99 {client['send_lag_p99'] * 1000:.1f} ms"
+        )
     cpu = ", ".join(f"{name} {cores:.2f}" for name, cores in doc["cpu_cores"].items())
     load = doc["load_average"]
     console.print(f"CPU (cores): {cpu}")

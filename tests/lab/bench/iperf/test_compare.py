@@ -133,6 +133,7 @@ def test_the_table_prints_every_row_and_the_verdict() -> None:
         "cpu_cores": {"api": 0.1, "inference-perf": 0.2},
         "load_average": {"before": [1.0, 1.0, 1.0], "after": [2.0, 1.0, 1.0]},
         "cpus": 2,
+        "client": {"send_lag_p50": 0.0005, "send_lag_p99": 0.0123},
     }
     out = StringIO()
     print_iperf(Console(file=out, width=200), doc)
@@ -141,6 +142,7 @@ def test_the_table_prints_every_row_and_the_verdict() -> None:
     assert "TTFT p50" in text and "NO" in text
     assert "does NOT hold" in text
     assert "100–250 ms bucket" in text
+    assert "p50 0.5 ms, p99 12.3 ms" in text
     assert (
         "1 request(s) inference-perf counted as answered were shed by tidegate (deadline_unreachable)" in text
     )

@@ -40,6 +40,8 @@ def test_the_summary_figures_are_inference_perfs_own() -> None:
     assert summary.requests_per_s == raw["successes"]["throughput"]["requests_per_sec"]
     assert summary.good == 30
     assert summary.seconds == raw["benchmark_time_seconds"]
+    assert summary.send_lag_p50 == raw["load_summary"]["schedule_delay"]["median"]
+    assert summary.send_lag_p99 == raw["load_summary"]["schedule_delay"]["p99"]
 
 
 def test_a_summary_without_goodput_or_latencies_reads_none_for_them() -> None:
