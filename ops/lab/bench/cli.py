@@ -1,4 +1,4 @@
-"""`tidegate bench queue`, `tidegate bench overload` and `tidegate bench gateway`."""
+"""`tidegate bench queue`, `overload`, `gateway` and `inference-perf`."""
 
 from __future__ import annotations
 
@@ -303,3 +303,68 @@ def gateway_command(
     for name, value in doc["many_streams"].items():
         many.add_row(name, str(value))
     console.print(many)
+
+
+@app.command("inference-perf")
+def inference_perf_command(
+    rate: float = typer.Option(2.0, "--rate", help="Poisson arrivals per second, below capacity"),
+    duration: int = typer.Option(60, "--duration", min=1, help="seconds of load"),
+    prompt_tokens: int = typer.Option(1024, "--prompt-tokens", min=1, help="tokens in every prompt"),
+    output_tokens: int = typer.Option(128, "--output-tokens", min=1, help="tokens in every answer"),
+    ticket_type: str = typer.Option("complaint", "--type", help="the branch key's default ticket type"),
+    time_scale: float = typer.Option(1.0, "--time-scale", help="simulated GPU speed, times real time"),
+    seed: int = typer.Option(7, "--seed", help="inference-perf's seed (arrival times, prompts)"),
+    results_dir: Path | None = typer.Option(
+        None, "--results-dir", help="where results, config and logs go [results/bench-inference-perf/<time>]"
+    ),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """inference-perf (installed on first use into ~/.cache/tidegate/peers) drives the OpenAI front door
+    once; its TTFT, latency, answered count and goodput beside tidegate's own tickets. Exits 1 when TTFT
+    p50 or the answered count differ by more than 10%."""
+    import time as _time
+
+    from ops.lab.bench.iperf.bench import IperfOptions, run_iperf_bench
+    from ops.lab.bench.iperf.config import LoadShape
+    from ops.lab.bench.iperf.report import ReportError
+    from ops.lab.bench.iperf.table import print_iperf
+    from ops.lab.bench.peers.venv import PeerUnavailable
+    from ops.lab.bench.sim_probe import SimProbeError
+    from ops.lab.procs.children import ChildError, stop_children_on_sigterm
+
+    settings = load_settings()
+    if ticket_type not in settings.policy.type_names:
+        fail(
+            f"--type {ticket_type!r} is not a ticket type; use one of {', '.join(settings.policy.type_names)}",
+            2,
+        )
+    try:
+        url = resolve_redis_url(settings.redis_url)
+        shape = LoadShape(rate, duration, prompt_tokens, output_tokens, seed)
+    except RedisUnavailable as exc:
+        fail(str(exc))
+    except ValueError as exc:
+        fail(str(exc), 2)
+    folder = results_dir or Path("results") / "bench-inference-perf" / _time.strftime("%Y%m%d-%H%M%S")
+    errors = Console(stderr=True)
+    began = _time.monotonic()
+    stop_children_on_sigterm()
+    try:
+        doc = run_iperf_bench(
+            url,
+            settings.policy,
+            folder,
+            IperfOptions(shape=shape, ticket_type=ticket_type, time_scale=time_scale),
+            progress=lambda line: errors.print(
+                f"[{_time.monotonic() - began:5.0f} s] {line}", highlight=False
+            ),
+        )
+    except (PeerUnavailable, ChildError, ReportError, SimProbeError) as exc:
+        fail(str(exc))
+    if as_json:
+        print_json(doc)
+    else:
+        console = Console()
+        print_iperf(console if console.is_terminal else Console(width=150), doc)
+    if not doc["agreement_holds"]:
+        raise typer.Exit(1)

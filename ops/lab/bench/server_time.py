@@ -21,14 +21,19 @@ Buckets = dict[float, float]
 
 def answer_buckets(base_url: str, status_class: str) -> Buckets:
     """The cumulative buckets of the API's answer-time histogram for `status_class` now."""
+    return histogram_buckets(base_url, ANSWER_SECONDS, status_class=status_class)
+
+
+def histogram_buckets(base_url: str, histogram: str, **labels: str) -> Buckets:
+    """The cumulative buckets of the API's histogram `histogram` now, summed over the series that
+    carry `labels`."""
     with urllib.request.urlopen(base_url + "/metrics", timeout=10) as response:
         text = response.read().decode()
     out: Buckets = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if (
-                sample.name == ANSWER_SECONDS + "_bucket"
-                and sample.labels.get("status_class") == status_class
+            if sample.name == histogram + "_bucket" and all(
+                sample.labels.get(name) == value for name, value in labels.items()
             ):
                 bound = float(sample.labels["le"])
                 out[bound] = out.get(bound, 0.0) + sample.value
@@ -54,3 +59,18 @@ def quantile_ms(before: Buckets, after: Buckets, q: float) -> float:
             return (lower + (bound - lower) * fraction) * 1000
         lower, below = bound, cumulative
     return lower * 1000
+
+
+def quantile_bucket(before: Buckets, after: Buckets, q: float) -> tuple[float, float] | None:
+    """The bounds (seconds) of the bucket that holds the `q` quantile between the two scrapes, which
+    is how far `quantile_ms` can be trusted; None for no observations."""
+    bounds = sorted(after)
+    total = after[bounds[-1]] - before.get(bounds[-1], 0.0) if bounds else 0.0
+    if total <= 0:
+        return None
+    lower = 0.0
+    for bound in bounds:
+        if after[bound] - before.get(bound, 0.0) >= q * total:
+            return lower, bound
+        lower = bound
+    return lower, math.inf

@@ -24,16 +24,24 @@ def peers_dir() -> Path:
 
 
 def peer_executable(
-    name: str, requirement: str, command: str, progress: Callable[[str], None] = lambda line: None
+    name: str,
+    requirement: str,
+    command: str,
+    progress: Callable[[str], None] = lambda line: None,
+    python: str | Path | None = None,
 ) -> Path:
-    """`command` from the virtualenv `name`, created and filled with `requirement` when it is missing."""
+    """`command` from the virtualenv `name`, created and filled with `requirement` when it is missing.
+
+    The virtualenv is made with `python` when a peer needs another interpreter than tidegate's own
+    (inference-perf needs 3.12), else with this one.
+    """
     venv = peers_dir() / name
     executable = venv / "bin" / command
     if executable.exists():
         return executable
     progress(f"{name}: installing {requirement} into {venv} (first use)")
     steps = [
-        [sys.executable, "-m", "venv", str(venv)],
+        [str(python or sys.executable), "-m", "venv", str(venv)],
         [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", requirement],
     ]
     for step in steps:
