@@ -258,6 +258,7 @@ class Monitor:
             "drain_rate": round(sample.drain_rate, 4),
             "service_rate": round(sample.service_rate, 4),
             "service_peak": round(sample.service_peak, 4),
+            "free_slots": sample.free_slots,
             "arrival_rate": round(sample.arrival_rate, 4),
             **{f"arrival_rate:{name}": round(rate, 4) for name, rate in sample.arrival_rate_by_type.items()},
             "desired_workers": desired,

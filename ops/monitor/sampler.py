@@ -72,6 +72,21 @@ class Sample:
     def kv_free_min(self) -> float | None:
         return min_kv_free(self.workers)
 
+    @property
+    def free_slots(self) -> int:
+        """Tickets the live workers would start at once: each one's batch, or its throttle while in
+        force, less what it runs (as of its last heartbeat). The deadline rule counts a ticket that
+        finds one of them as starting now, whatever the service rate says."""
+        free = 0
+        for worker in self.workers:
+            if worker.batch_limit is None or worker.inflight is None:
+                continue
+            batch = worker.batch_limit
+            if worker.concurrency_limit is not None:
+                batch = min(batch, worker.concurrency_limit)
+            free += max(batch - worker.inflight, 0)
+        return free
+
 
 def _total(stats: QueueStats, outcomes: tuple[str, ...]) -> int:
     return sum(value for key, value in stats.counts.items() if key.rpartition(":")[2] in outcomes)

@@ -42,7 +42,10 @@ def test_sampler_reads_depth_rates_and_live_workers(
         done = claimed.ticket.id in ids[6:8]
         ticket_queue.finish(claimed.ticket.id, claimed.token, "done" if done else "expired")
     keys = ticket_queue.keys
-    redis_client.hset(keys.worker("alive"), mapping={"gpu": "1", "kv_usage": "0.7"})
+    redis_client.hset(
+        keys.worker("alive"),
+        mapping={"gpu": "1", "kv_usage": "0.7", "inflight": "3", "batch_limit": "8", "concurrency_limit": "6"},
+    )
     redis_client.hset(keys.worker("dead"), mapping={"gpu": "0", "kv_usage": "0.99"})
     redis_client.zadd(keys.workers, {"alive": fake_clock.at + 30, "dead": fake_clock.at + 1})
     fake_clock.advance(2.0)
@@ -59,6 +62,7 @@ def test_sampler_reads_depth_rates_and_live_workers(
     assert second.arrival_rate == pytest.approx(10.0)  # 20 admitted in 2 s
     assert [w.worker_id for w in second.workers] == ["alive"]
     assert second.kv_free_min == pytest.approx(0.3)
+    assert second.free_slots == 3  # the throttle's 6 in force, 3 running; the dead worker's not counted
 
 
 @pytest.mark.parametrize(

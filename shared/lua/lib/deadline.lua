@@ -4,8 +4,11 @@ start before its deadline is refused at once (code deadline_unreachable) instead
 answered when nobody needs the answer. They take keys as arguments; they build no keys.
 
 The wait is estimated as (queued tickets whose score is at most this one's, so of equal or better
-priority after aging and turns) ÷ (tickets per second workers can run to the end, the monitor's
-service rate, less the arrivals of better types, which will start ahead of it). Tickets that
+priority after aging and turns, less the slots the live workers have free: those start at once)
+÷ (tickets per second workers can run to the end, the monitor's service rate, less the arrivals of
+better types, which will start ahead of it). A rate measured while the workers had room is what
+they were given, not what they can do, so without the free slots an idle queue's first tickets
+were refused on it. Tickets that
 expire unstarted leave fast without GPU time, so a drain rate would flatter the estimate.
 Counting by score is exact and O(log n) on the pending set, with no running sums to keep right in
 every script that moves a ticket. With no fresh measurement (no monitor, or none drained yet) a
@@ -53,16 +56,16 @@ end
 -- less the arrivals of the types served ahead of this one (`ahead_types`, comma-separated), which
 -- will keep starting before it; none left: it would not start while they keep coming (huge).
 local function start_estimate(pending_key, monitor_key, score, now, ahead_types)
-  local fields = {'service_rate', 'service_peak', 'updated_at'}
+  local fields = {'service_rate', 'service_peak', 'updated_at', 'free_slots'}
   for name in string.gmatch(ahead_types or '', '[^,]+') do fields[#fields + 1] = 'arrival_rate:' .. name end
   local m = redis.call('HMGET', monitor_key, unpack(fields))
   local rate, at = tonumber(m[1] or ''), tonumber(m[3] or '')
   if not rate or not at or now - at > DRAIN_STALE_SECONDS then return nil end
   rate = math.max(rate, tonumber(m[2] or '') or 0)
   if rate <= 0 then return nil end
-  local ahead = redis.call('ZCOUNT', pending_key, '-inf', score)
-  if ahead == 0 then return 0 end
-  for i = 4, #m do rate = rate - (tonumber(m[i] or '') or 0) end
+  local ahead = redis.call('ZCOUNT', pending_key, '-inf', score) - (tonumber(m[4] or '') or 0)
+  if ahead <= 0 then return 0 end
+  for i = 5, #m do rate = rate - (tonumber(m[i] or '') or 0) end
   if rate <= 0 then return 1e9 end
   return ahead / rate
 end

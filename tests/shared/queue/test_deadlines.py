@@ -89,6 +89,25 @@ def test_a_ticket_that_cannot_start_in_time_is_refused_with_the_estimate(
     assert counts["complaint:rejected"] == 1
 
 
+def test_tickets_that_find_a_free_slot_start_now_whatever_the_rate(
+    producer: Producer, redis_client: Redis, fake_clock: FakeClock
+) -> None:
+    """A rate measured while the workers had room (an idle queue's trickle) is no evidence of a
+    wait: the tickets ahead that the free slots take at once are not counted."""
+    queue = producer.queue
+    queue.enqueue_many([req("complaint") for _ in range(40)])
+    redis_client.hset(
+        queue.keys.monitor_state,
+        mapping={"service_rate": 0.06, "free_slots": 45, "updated_at": fake_clock.at},
+    )
+    assert producer.submit(req("complaint")).outcome == "queued"  # 41 ahead, 45 free: starts now
+    redis_client.hset(queue.keys.monitor_state, mapping={"service_rate": 2.0, "free_slots": 11})
+    # 41 ahead, 11 take a free slot: 30 more to leave at 2/s, 15 s against the 7.5 s it may wait.
+    late = producer.submit(req("complaint"))
+    assert (late.outcome, late.code) == ("rejected", ShedCode.DEADLINE_UNREACHABLE)
+    assert late.retry_after == pytest.approx(7.5)
+
+
 def test_a_retry_counts_the_slo_from_the_first_submission(
     producer: Producer, redis_client: Redis, fake_clock: FakeClock
 ) -> None:
