@@ -44,7 +44,13 @@ def test_sampler_reads_depth_rates_and_live_workers(
     keys = ticket_queue.keys
     redis_client.hset(
         keys.worker("alive"),
-        mapping={"gpu": "1", "kv_usage": "0.7", "inflight": "3", "batch_limit": "8", "concurrency_limit": "6"},
+        mapping={
+            "gpu": "1",
+            "kv_usage": "0.7",
+            "inflight": "3",
+            "batch_limit": "8",
+            "concurrency_limit": "6",
+        },
     )
     redis_client.hset(keys.worker("dead"), mapping={"gpu": "0", "kv_usage": "0.99"})
     redis_client.zadd(keys.workers, {"alive": fake_clock.at + 30, "dead": fake_clock.at + 1})
