@@ -134,7 +134,9 @@ def overload_command(
     client: str = typer.Option(
         "tickets",
         "--client",
-        help="how tidegate's branches call it: tickets (submit, poll) or openai (streamed /v1/completions)",
+        help="how the branches call each arm: tickets (tidegate: submit, poll; peers: whole /v1/completions "
+        "answers) or openai (every arm: streamed /v1/completions from one asyncio open loop, TTFT per class; "
+        "the FIFO baseline has no OpenAI door and keeps the seed's clients)",
     ),
     results_dir: Path | None = typer.Option(
         None, "--results-dir", help="where results go [results/bench-overload/<time>]"

@@ -9,6 +9,7 @@ and the report says so.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -73,3 +74,40 @@ class CpuMeter:
         if self._machine_start is not None and machine_now is not None:
             self.usage["machine"] = round((machine_now[0] - self._machine_start[0]) / wall, 3)
         return self.usage
+
+
+class WindowCpu:
+    """CPU cores one process used in a window of a run (the surge's plateau, where a load generator
+    is busiest), read by two timers so the figure is not diluted by the quiet parts of the run."""
+
+    def __init__(self, pid: int, window_s: tuple[float, float]) -> None:
+        start, end = window_s
+        if end <= start:
+            raise ValueError(f"window_s={window_s} is empty; its end must come after its start")
+        self.pid = pid
+        self.window_s = window_s
+        self._readings: list[float | None] = []
+        self._timers = [threading.Timer(at, self._read) for at in window_s]
+
+    def start(self) -> None:
+        for timer in self._timers:
+            timer.daemon = True
+            timer.start()
+
+    @property
+    def complete(self) -> bool:
+        """Both readings are taken: the window has passed."""
+        return len(self._readings) >= 2
+
+    def stop(self) -> float | None:
+        """Cores used in the window; None when the run ended before it did, or /proc could not say."""
+        for timer in self._timers:
+            timer.cancel()
+        if not self.complete or None in self._readings[:2]:
+            return None
+        first, second = self._readings[0], self._readings[1]
+        assert first is not None and second is not None
+        return round((second - first) / (self.window_s[1] - self.window_s[0]), 3)
+
+    def _read(self) -> None:
+        self._readings.append(process_cpu_seconds(self.pid))

@@ -179,6 +179,11 @@ class SystemFigures:
     notes: tuple[str, ...] = ()
     shed_rate: float | None = None
     """Share of offered requests that got no answer: goodput is read beside it (dropping work inflates it)."""
+    client: str = ""
+    """How the arm's branches called it (`ARM_CLIENTS`)."""
+    send_lag: dict[str, float | None] = field(default_factory=dict)
+    """How late the branches' first sends were against the plan (p50_s, p99_s, max_s): with the harness's
+    CPU in `cpu_cores`, whether the load generator kept up."""
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -199,6 +204,8 @@ def system_figures(
     cpu_cores: Mapping[str, float],
     notes: Sequence[str] = (),
     shed_codes: Mapping[str, Mapping[str, int]] | None = None,
+    client: str = "",
+    send_lag: Mapping[str, float | None] | None = None,
 ) -> SystemFigures:
     codes = shed_codes or {}
     rows = {t: type_row(t, [r for r in records if r.type == t], slo_by_type[t], codes.get(t)) for t in types}
@@ -223,7 +230,40 @@ def system_figures(
         cpu_cores=dict(cpu_cores),
         notes=tuple(notes),
         shed_rate=round(1 - rows["all"].done / rows["all"].offered, 4) if rows["all"].offered else None,
+        client=client,
+        send_lag=dict(send_lag or {}),
     )
+
+
+ARM_CLIENTS = {
+    "openai": "OpenAI, streamed",
+    "completions": "OpenAI, whole answers",
+    "tickets": "tickets: submit, poll",
+    "seed": "the seed's clients (no OpenAI door)",
+}
+"""How an arm's branches call it, as the report names it."""
+
+
+def send_lag_figures(lags: Sequence[float]) -> dict[str, float | None]:
+    """How late the sends were against the plan: the harness kept up when p99 stays small."""
+    return {
+        "p50_s": _lag(percentile(lags, 50)),
+        "p99_s": _lag(percentile(lags, 99)),
+        "max_s": _lag(max(lags, default=None)),
+    }
+
+
+def record_send_lags(records: Iterable[TicketRecord], started_at: float) -> list[float]:
+    """Each request's first send against its planned time, for the players that record no lag of their own."""
+    return [
+        max(0.0, r.first_submit_at - started_at - r.planned_at)
+        for r in records
+        if r.first_submit_at is not None
+    ]
+
+
+def _lag(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
 
 
 def _share(tokens_per_s: float, capacity_tokens_per_s: float) -> float | None:

@@ -4,13 +4,15 @@ One run has these parts, on the same machine, with the same seeded workload, one
 
 1. capacity: a preempt-mode simulator with the scenario's flags is driven closed-loop at a few
    concurrencies; its best throughput for the workload's mix is "100%" (see `saturation.py`);
-2. tidegate: the real processes (simulators in the memory setting's mode, one worker per GPU, the
-   monitor, the API) with 200 branches submitting over HTTP, half of them honouring Retry-After, half
-   retrying after a fixed pause;
+2. tidegate (`tidegate_arm.py`): the real processes (simulators in the memory setting's mode, one
+   worker per GPU, the monitor, the API) with 200 branches submitting tickets over HTTP or, with
+   `--client openai`, streaming completions through the front door; half of them honour Retry-After,
+   half retry after a fixed pause;
 3. fifo: the same simulators and workload behind a Redis LIST with a fixed number of consumers
    per GPU and no admission control (`baseline.py`), with branches that resend on errors and timeouts;
 4. the peer arms (`peer_runs.py`): the engine's own priority scheduling, SMG, LiteLLM, each on fresh
-   simulators with the same flags.
+   simulators with the same flags, their branches whole-answer calls or, with `--client openai`,
+   streamed ones from the same asyncio open loop as tidegate's (`open_loop.py`).
 
 Offered load ramps (or steps, `--ramp 0`) from `normal_load` to `surge_load` of capacity and back. Everything is written to
 the results folder: `results.json` (figures, timelines, scenario, machine), one `*-tickets.jsonl` per
@@ -40,6 +42,7 @@ from ops.lab.bench.systems import (
     no_progress,
     start_simulators,
 )
+from ops.lab.bench.tidegate_arm import TidegateRunner
 from ops.lab.traffic.capacity import estimate_capacity
 from ops.lab.traffic.workload import PlannedArrival, plan_arrivals, sample_tickets, summarize
 from shared.policy import Policy
@@ -121,7 +124,7 @@ class OverloadBench:
             "systems": {name: f.to_dict() for name, f in figures.items()},
             "verdict": verdict,
             "redis_memory": {run.name: run.redis_memory for run in runs if run.redis_memory},
-            "harness": {run.name: run.harness for run in runs if run.harness},
+            "harness": {run.name: run.harness() for run in runs},
             "timelines": {run.name: [sample.to_dict() for sample in run.samples] for run in runs},
             "elapsed_s": round(time.monotonic() - began, 1),
         }
@@ -142,7 +145,7 @@ class OverloadBench:
         """The runner of one arm; every arm starts its own simulators with the run's flags."""
         systems, peers = SystemRunner(self.setup), PeerRunner(self.setup)
         arms: dict[str, Callable[[Sequence[PlannedArrival]], SystemRun]] = {
-            "tidegate": systems.tidegate,
+            "tidegate": TidegateRunner(self.setup).run,
             "fifo": systems.baseline,
             "engine": peers.engine,
             "smg": peers.smg,
@@ -196,6 +199,8 @@ class OverloadBench:
             cpu_cores=run.cpu_cores,
             notes=run.notes,
             shed_codes=run.shed_codes,
+            client=run.client,
+            send_lag=run.send_lag,
         )
 
     def _verdict(self, figures: Mapping[str, SystemFigures]) -> dict[str, dict[str, bool]]:

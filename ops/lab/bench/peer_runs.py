@@ -1,9 +1,10 @@
 """The peer arms of the overload bench: the engine's own priority scheduling, SMG and LiteLLM.
 
 Each arm starts its own simulators with the run's flags (the engine arm with `--scheduling-policy
-priority`), plays the plan through `PeerPlayer` (branches that send at planned times, retry shed
-answers and give up at the ticket's TTL, like tidegate's), samples a timeline, meters CPU and reads
-the simulators' counters, as the tidegate and FIFO arms do.
+priority`), plays the plan through `OpenLoopPlayer` (branches that send at planned times, retry shed
+answers and give up at the ticket's TTL, like tidegate's; whole answers with `--client tickets`,
+streamed ones with `--client openai`), samples a timeline, meters CPU and reads the simulators'
+counters, as the tidegate and FIFO arms do.
 """
 
 from __future__ import annotations
@@ -17,15 +18,22 @@ from typing import Any
 
 from ops.lab.bench.cpu import CpuMeter
 from ops.lab.bench.figures import Books
-from ops.lab.bench.peer_player import PeerClientSettings, PeerPlayer, RequestShape
+from ops.lab.bench.open_loop import OpenLoopPlayer, OpenLoopSettings, RequestShape
 from ops.lab.bench.peers.litellm import MODEL_GROUP, LitellmGateway, litellm_command
 from ops.lab.bench.peers.smg import PRIORITY_HEADER, SmgGateway, smg_class, smg_command
 from ops.lab.bench.scenario import split_by_branch
 from ops.lab.bench.sim_probe import served_model
-from ops.lab.bench.systems import OverloadSetup, SystemRun, read_counters, start_simulators, watch
+from ops.lab.bench.systems import (
+    HARNESS,
+    OverloadSetup,
+    SystemRun,
+    read_counters,
+    start_simulators,
+    surge_cores,
+    surge_meter,
+    watch,
+)
 from ops.lab.bench.timeline import SystemState, Timeline
-from ops.lab.traffic.accounting import Ledger
-from ops.lab.traffic.records import OUTCOMES
 from ops.lab.traffic.workload import PlannedArrival
 from shared.policy import Policy
 from shared.scoring import effective_priority
@@ -152,29 +160,32 @@ class PeerRunner:
     ) -> SystemRun:
         s = self.setup.scenario
         honouring, _ = split_by_branch(plan, s.honour_retry_after, s.seed)
-        settings = PeerClientSettings(
+        settings = OpenLoopSettings(
             honouring=frozenset(a.branch_id for a in honouring),
             max_attempts=s.max_attempts,
             drain_timeout_s=s.drain_timeout_s,
+            stream=s.client == "openai",
         )
-        player = PeerPlayer(plan, self.setup.policy, shape, settings)
+        player = OpenLoopPlayer(plan, self.setup.policy, shape, settings)
 
         def probe() -> SystemState:
             return SystemState(0, player.open_requests, None)
 
         before = read_counters(urls)
         timeline = Timeline(probe, urls, s.sample_interval_s)
-        cpu = CpuMeter(self._sim_pids | pids | {"harness": os.getpid()})
+        cpu = CpuMeter(self._sim_pids | pids | {HARNESS: os.getpid()})
+        surge = surge_meter(s)
         t0 = time.monotonic()
         timeline.start(t0)
         cpu.start()
+        surge.start()
         player.start()
         try:
             watch(self.setup.progress, name, timeline, lambda: player.wait(0), t0)
         finally:
             player.close()
             samples = timeline.stop()
-            cores = cpu.stop()
+            cores = cpu.stop() | surge_cores(surge)
         after = read_counters(urls)
         return _system_run(name, player, self.setup.types, samples, after.since(before), cores, notes)
 
@@ -186,7 +197,7 @@ def _body(arrival: PlannedArrival, model: str) -> dict[str, Any]:
 
 def _system_run(
     name: str,
-    player: PeerPlayer,
+    player: OpenLoopPlayer,
     types: Sequence[str],
     samples: Any,
     sim: Any,
@@ -194,26 +205,22 @@ def _system_run(
     notes: list[str],
 ) -> SystemRun:
     records = sorted(player.records.values(), key=lambda r: r.index)
-    outcomes: dict[str, dict[str, int]] = {t: dict.fromkeys(("submitted", *OUTCOMES), 0) for t in types}
-    for (ticket_type, outcome), count in player.submission_outcomes.items():
-        outcomes[ticket_type][outcome] += count
-    for record in records:
-        outcomes[record.type]["submitted"] += record.submissions
-    shed: dict[str, dict[str, int]] = {t: {} for t in types}
-    for (ticket_type, code), count in player.shed_codes.items():
-        shed[ticket_type][code] = count
-    lag = player.send_lag()
-    notes = [*notes, f"send lag p50 {lag['p50_s']} s, p99 {lag['p99_s']} s, max {lag['max_s']} s"]
+    streamed = player.settings.stream
+    notes = [
+        *notes,
+        f"branches sent {'streamed' if streamed else 'whole-answer'} calls from one asyncio open loop",
+    ]
     return SystemRun(
         name,
         records,
         samples,
         player.started_at,
         dict(player.usage),
-        Books.from_ledger(Ledger("clients", outcomes), records),
+        Books.from_ledger(player.ledger(types), records),
         sim,
         cores,
         notes,
-        shed_codes=shed,
-        harness={"send_lag": lag},
+        shed_codes=player.shed_by_type(types),
+        client="openai" if streamed else "completions",
+        send_lag=player.send_lag(),
     )

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.table import Table
 
-from ops.lab.bench.figures import SystemFigures, TypeRow
+from ops.lab.bench.figures import ARM_CLIENTS, SystemFigures, TypeRow
 
 if TYPE_CHECKING:
     from ops.lab.bench.overload import OverloadResult
@@ -16,8 +16,8 @@ if TYPE_CHECKING:
 SHORT_TYPE = {"loan_approval": "loan", "complaint": "complaint", "archive_query": "archive", "all": "all"}
 
 
-def _seconds(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}"
+def _seconds(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
 
 
 def _count_of(row: TypeRow, attribute: str) -> str:
@@ -112,8 +112,9 @@ def per_class_table(systems: Sequence[SystemFigures], types: Sequence[str], titl
     caption = (
         "offered: unique requests (retries not counted); within SLO: answered within the type's SLO from "
         "the branch's first submission; shed by code: submissions refused (429, 503 queue timeout, dropped "
-        "connection) and requests ended unanswered (expired at TTL, failed, cancelled); TTFT only for "
-        "streamed answers"
+        "connection) and requests ended unanswered (expired at TTL, failed, cancelled); TTFT: a streaming "
+        "branch's send of the answered submission to its first text (- where the arm's client does not "
+        "stream); e2e: the first submission to the answer's end"
     )
     table = Table("class", "SLO s", "arm", *(name for name, _ in CLASS_COLUMNS), title=title, caption=caption)
     for ticket_type in [*types, "all"]:
@@ -126,27 +127,54 @@ def per_class_table(systems: Sequence[SystemFigures], types: Sequence[str], titl
     return table
 
 
+def _harness_cpu(system: SystemFigures) -> str:
+    """The bench process's CPU over the arm, and in the surge's plateau where it is busiest."""
+    whole, surge = system.cpu_cores.get("harness"), system.cpu_cores.get("harness_in_surge")
+    text = "-" if whole is None else f"{whole:.2f}"
+    return text if surge is None else f"{text} (surge {surge:.2f})"
+
+
+def harness_line(system: SystemFigures) -> str:
+    """The load generator's own figures for one arm: how late it sent and the CPU it used."""
+    lag = system.send_lag
+    return (
+        f"{system.name} harness ({ARM_CLIENTS.get(system.client, system.client or '-')}): send lag p50/p99/max "
+        f"{_seconds(lag.get('p50_s'), 3)}/{_seconds(lag.get('p99_s'), 3)}/{_seconds(lag.get('max_s'), 3)} s, "
+        f"CPU {_harness_cpu(system)} cores"
+    )
+
+
 def arms_table(systems: Sequence[SystemFigures]) -> Table:
-    """Per arm: busy and SLO goodput beside the shed rate, OOM crashes and the CPU each process used."""
+    """Per arm: busy and SLO goodput beside the shed rate, OOM crashes and the CPU each process used,
+    and whether the harness kept up (its send lag and CPU)."""
     table = Table(
         "arm",
+        "client",
         "busy",
         "SLO goodput",
         "shed rate",
         "OOM crashes",
         "preemptions",
-        "CPU cores per process",
         title="per arm, in the surge (goodput ÷ measured capacity)",
     )
+    table.add_column("send lag p50/p99/max s", no_wrap=True)
+    table.add_column("harness CPU", no_wrap=True)
+    table.add_column("CPU cores per process")
     for system in systems:
-        cores = ", ".join(f"{name} {value:.2f}" for name, value in system.cpu_cores.items())
+        cores = ", ".join(
+            f"{name} {value:.2f}" for name, value in system.cpu_cores.items() if name != "harness_in_surge"
+        )
+        lag = system.send_lag
         table.add_row(
             system.name,
+            ARM_CLIENTS.get(system.client, system.client or "-"),
             _fraction(system.busy_fraction),
             _fraction(system.slo_goodput_fraction),
             _fraction(system.shed_rate),
             str(system.oom_crashes),
             str(system.preemptions),
+            "/".join(_seconds(lag.get(k), 3) for k in ("p50_s", "p99_s", "max_s")),
+            _harness_cpu(system),
             cores or "-",
         )
     return table
@@ -186,6 +214,7 @@ def print_result(console: Console, result: OverloadResult) -> None:
     console.print(arms_table(systems))
     for system in systems:
         console.print(summary_line(system), highlight=False)
+        console.print(harness_line(system), highlight=False)
         console.print(f"{system.name} {system.books.line}", highlight=False)
         cores = ", ".join(f"{name} {value:.2f}" for name, value in system.cpu_cores.items())
         console.print(f"{system.name} CPU (cores): {cores}", highlight=False)

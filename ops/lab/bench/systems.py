@@ -1,17 +1,16 @@
-"""One system under the overload workload: tidegate's real processes, or the seed's FIFO baseline.
+"""What every arm of the overload bench shares (its setup, its `SystemRun`, simulators, progress),
+and the seed's FIFO baseline arm (tidegate's arm is in `tidegate_arm.py`, the peers' in `peer_runs.py`).
 
 Each run starts its own simulators in the memory setting's mode (crash-on-OOM when tight), plays the
 plan, samples a timeline, meters CPU, reads the simulators' counters before and after, and closes its
-books; what comes back is a `SystemRun`, the raw material of the figures (the peer arms' runs are in
-`peer_runs.py`). Whatever happens, the processes it started are stopped and, on a Redis shared with
-others, the keys it created are deleted.
+books; what comes back is a `SystemRun`, the raw material of the figures. Whatever happens, the
+processes it started are stopped and, on a Redis shared with others, the keys it created are deleted.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import secrets
 import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
@@ -19,27 +18,19 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-from redis import Redis
-
 from ops.lab.bench.baseline_player import BaselinePlayer, SeedClientSettings
-from ops.lab.bench.cpu import CpuMeter
-from ops.lab.bench.figures import Books
-from ops.lab.bench.redis_memory import MemoryWatch, memory_figures
-from ops.lab.bench.scenario import OverloadScenario, split_by_branch
+from ops.lab.bench.cpu import CpuMeter, WindowCpu
+from ops.lab.bench.figures import Books, record_send_lags, send_lag_figures
+from ops.lab.bench.scenario import OverloadScenario
 from ops.lab.bench.sim_probe import SimCounters, served_model
 from ops.lab.bench.timeline import Sample, SystemState, Timeline, sum_counters
-from ops.lab.demo.run import delete_queue_keys, rq_key_prefix
 from ops.lab.procs.children import ChildProcess, child_env
 from ops.lab.procs.ports import free_port, http_ok
-from ops.lab.stack.stack import SimSettings, Stack, StackConfig, WorkerSettings, tidegate_command
-from ops.lab.traffic.accounting import Ledger, check_accounting
-from ops.lab.traffic.player import PlayerSettings, RetryPolicy, TrafficPlayer
+from ops.lab.stack.stack import SimSettings, tidegate_command
+from ops.lab.traffic.accounting import Ledger
 from ops.lab.traffic.records import OUTCOMES, TicketRecord
-from ops.lab.traffic.timeseries import take_sample
 from ops.lab.traffic.workload import PlannedArrival
-from shared.live_workers import read_live_workers
 from shared.policy import AlarmLevel, Policy
-from shared.queue import TicketQueue
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +58,34 @@ class SystemRun:
     redis_memory: dict[str, float] = field(default_factory=dict)
     shed_codes: dict[str, dict[str, int]] = field(default_factory=dict)
     """type -> code -> submissions shed or ended unanswered with that code ("429", "expired", ...)."""
-    harness: dict[str, object] = field(default_factory=dict)
-    """What the load generator says about itself (send lag), to show it was not the bottleneck."""
+    client: str = ""
+    """How its branches called it (a key of `ARM_CLIENTS`)."""
+    send_lag: dict[str, float | None] = field(default_factory=dict)
+    """How late the branches' sends were against the plan: with the harness's CPU in `cpu_cores`, it
+    shows whether the load generator, not the system, set the figures."""
+
+    def harness(self) -> dict[str, object]:
+        """The load generator's own figures, for results.json."""
+        return {
+            "client": self.client,
+            "send_lag": self.send_lag,
+            "cpu_cores": self.cpu_cores.get(HARNESS),
+            "cpu_cores_in_surge": self.cpu_cores.get(HARNESS_IN_SURGE),
+        }
+
+
+HARNESS, HARNESS_IN_SURGE = "harness", "harness_in_surge"
+"""The bench process's names in `cpu_cores`: over the whole arm, and in the surge's plateau alone."""
+
+
+def surge_meter(scenario: OverloadScenario) -> WindowCpu:
+    """The harness's CPU in the surge's plateau, started with the arm's players."""
+    return WindowCpu(os.getpid(), scenario.surge_window())
+
+
+def surge_cores(meter: WindowCpu) -> dict[str, float]:
+    cores = meter.stop()
+    return {} if cores is None else {HARNESS_IN_SURGE: cores}
 
 
 def start_simulators(
@@ -114,141 +131,10 @@ class OverloadSetup:
 
 
 class SystemRunner:
-    """Runs the plan against each system with the same scenario, Redis and results folder."""
+    """Runs the plan against the FIFO baseline with the run's scenario, Redis and results folder."""
 
     def __init__(self, setup: OverloadSetup) -> None:
         self.setup = setup
-
-    def tidegate(self, plan: Sequence[PlannedArrival]) -> SystemRun:
-        s = self.setup.scenario
-        queue_name = f"bench-overload-{time.strftime('%H%M%S')}-{secrets.token_hex(3)}"
-        config = StackConfig(
-            redis_url=self.setup.redis_url,
-            queue_name=queue_name,
-            run_dir=self.setup.results_dir / "tidegate",
-            gpus=s.gpus,
-            sim=s.sim_settings(),
-            worker=WorkerSettings(extra_args=s.worker_args, ablate=s.ablate),
-            env={"RQ_KEY_PREFIX": rq_key_prefix(queue_name)},  # rq's keys go with the queue's at the end
-        )
-        self.setup.progress(
-            f"tidegate: starting {s.gpus} simulator(s) in {s.oom_mode} mode, worker(s), monitor, API"
-        )
-        try:
-            with Stack(config) as stack:
-                return self._play_tidegate(stack, plan)
-        finally:
-            if self.setup.redis_shared:
-                client = Redis.from_url(self.setup.redis_url)
-                try:
-                    delete_queue_keys(client, queue_name)
-                finally:
-                    client.close()
-
-    def _play_tidegate(self, stack: Stack, plan: Sequence[PlannedArrival]) -> SystemRun:
-        s = self.setup.scenario
-        for branch in sorted({a.branch_id for a in plan}):
-            stack.branch_key(branch)
-        queue = TicketQueue(stack.redis, self.setup.policy, stack.queue_name)
-        counts_before = queue.stats().counts
-        players = self._players(stack, plan)
-
-        def probe() -> SystemState:
-            sample = take_sample(queue, self.setup.policy, 0.0)
-            bounds = ",".join(
-                sorted({w.bound for w in read_live_workers(queue.redis, queue.keys) if w.bound})
-            )
-            return SystemState(
-                sample.depth, sample.inflight, int(AlarmLevel.parse(sample.level)), bounds or None
-            )
-
-        before = read_counters(stack.vllm_urls)
-        timeline = Timeline(probe, stack.vllm_urls, s.sample_interval_s)
-        cpu = CpuMeter(
-            {child.name: child.pid for child in stack.children if child.pid} | {"harness": os.getpid()}
-        )
-        memory = MemoryWatch(stack.redis)
-        t0 = time.monotonic()
-        timeline.start(t0)
-        cpu.start()
-        memory.start()
-        for player in players:
-            player.start()
-        started_at = min(player.started_at for player in players)
-        watch(self.setup.progress, "tidegate", timeline, lambda: all(p.wait(0) for p in players), t0)
-        for player in players:
-            player.close()
-        samples = timeline.stop()
-        cores = cpu.stop()
-        memory.stop()
-        after = read_counters(stack.vllm_urls)
-        records = sorted((r for p in players for r in p.snapshot()), key=lambda r: r.index)
-        redis_memory = memory_figures(memory, stack.redis, queue.keys, records)
-        counts_now = queue.stats().counts
-        counts = {k: v - counts_before.get(k, 0) for k, v in counts_now.items()}
-        check = check_accounting(counts, records, self.setup.types)
-        done = [r for r in records if r.outcome == "done" and r.ticket_id]
-        tokens: dict[int, int] = {}
-        for record, ticket in zip(done, queue.get_many([r.ticket_id or "" for r in done]), strict=True):
-            usage = ticket.usage if ticket is not None else None
-            if usage:
-                tokens[record.index] = int(usage.get("prompt_tokens", 0)) + int(
-                    usage.get("completion_tokens", 0)
-                )
-        notes = [
-            f"branches called tidegate with the {s.client} client",
-            f"{sum(p.cancelled_leftovers for p in players)} tickets still open after the drain were cancelled",
-        ]
-        for player in players:
-            mine = player.snapshot()
-            notes.append(
-                f"branches retrying {player.settings.retry.mode}: {len(mine)} requests, "
-                f"{sum(r.rejections for r in mine)} answered 429, {sum(r.retries for r in mine)} retries, "
-                f"{sum(1 for r in mine if r.outcome == 'rejected')} gave up"
-            )
-        return SystemRun(
-            "tidegate",
-            records,
-            samples,
-            started_at,
-            tokens,
-            Books.from_check(check),
-            after.since(before),
-            cores,
-            notes,
-            redis_memory,
-            shed_codes={
-                t: {"429/degraded": sum(r.rejections for r in records if r.type == t)}
-                | unanswered_codes([r for r in records if r.type == t])
-                for t in self.setup.types
-            },
-        )
-
-    def _players(self, stack: Stack, plan: Sequence[PlannedArrival]) -> list[TrafficPlayer]:
-        """One player for the branches that honour Retry-After, one for those that retry after 1 s."""
-        s = self.setup.scenario
-        honouring, fixed = split_by_branch(plan, s.honour_retry_after, s.seed)
-        players = [
-            TrafficPlayer(
-                stack.api_url,
-                stack.branch_key,
-                part,
-                self.setup.policy,
-                PlayerSettings(
-                    retry=retry,
-                    drain_timeout_s=s.drain_timeout_s,
-                    run_tag=f"{stack.queue_name}-{retry.mode}",
-                    client="openai" if s.client == "openai" else "tickets",
-                ),
-                seed=s.seed,
-            )
-            for part, retry in (
-                (honouring, RetryPolicy(mode="retry-after", max_attempts=s.max_attempts)),
-                (fixed, RetryPolicy(mode="fixed", fixed_delay_s=1.0, max_attempts=s.max_attempts)),
-            )
-            if part
-        ]
-        return players
 
     def baseline(self, plan: Sequence[PlannedArrival]) -> SystemRun:
         s = self.setup.scenario
@@ -281,19 +167,19 @@ class SystemRunner:
 
             before = read_counters(urls)
             timeline = Timeline(probe, urls, s.sample_interval_s)
-            cpu = CpuMeter(
-                {child.name: child.pid for child, _ in sims if child.pid} | {"harness": os.getpid()}
-            )
+            cpu = CpuMeter({child.name: child.pid for child, _ in sims if child.pid} | {HARNESS: os.getpid()})
+            surge = surge_meter(s)
             t0 = time.monotonic()
             timeline.start(t0)
             cpu.start()
+            surge.start()
             player.start()
             try:
                 watch(self.setup.progress, "fifo", timeline, lambda: player.wait(0), t0)
             finally:
                 player.stop()
                 samples = timeline.stop()
-                cores = cpu.stop()
+                cores = cpu.stop() | surge_cores(surge)
                 after = read_counters(urls)
                 for child, _ in sims:  # in-hand requests fail at once instead of running on
                     child.stop(5.0)
@@ -309,6 +195,10 @@ class SystemRunner:
         books = Books.from_ledger(Ledger("clients", outcomes), records)
         tokens = {index: prompt + completion for index, (prompt, completion) in player.usage.items()}
         notes = [f"{player.baseline.requests_sent} requests sent to the model servers"]
+        if s.client == "openai":
+            notes.append(
+                "the FIFO baseline has no OpenAI door: its branches are the seed's own clients, not streamed"
+            )
         return SystemRun(
             "fifo",
             records,
@@ -320,6 +210,8 @@ class SystemRunner:
             cores,
             notes,
             shed_codes={t: unanswered_codes([r for r in records if r.type == t]) for t in self.setup.types},
+            client="seed",
+            send_lag=send_lag_figures(record_send_lags(records, player.started_at)),
         )
 
 

@@ -94,11 +94,17 @@ class AccountingCheck:
 
 
 def check_accounting(
-    counts: Mapping[str, int], records: Sequence[TicketRecord], types: Sequence[str]
+    counts: Mapping[str, int],
+    records: Sequence[TicketRecord],
+    types: Sequence[str],
+    clients: Ledger | None = None,
 ) -> AccountingCheck:
+    """Redis's books against the branches': `clients` when the branches kept a ledger of their own
+    (each submission counted by its ticket's end, where a record holds the branch's view), else the
+    records' own."""
     return AccountingCheck(
         redis=redis_ledger(counts, types),
-        clients=client_ledger(records, types),
+        clients=clients if clients is not None else client_ledger(records, types),
         client_errors=sum(1 for r in records if r.outcome == "error"),
         open_records=sum(1 for r in records if r.submissions and not r.terminal),
     )

@@ -8,9 +8,8 @@ until they end; the latency figures are the server's own timings, so coarse poll
 in accuracy. When the plan is over the player waits `drain_timeout_s` for the backlog, then cancels
 what is left, so every submission ends in a terminal state the accounting can count.
 
-With `client="openai"` each submission is instead one streamed `POST /v1/completions` through the
-OpenAI front door (`openai_branch`), held by one of `stream_clients` threads to its end; a shed
-answer (429 or a degraded 200) is retried the same way, and the ticket is read once it has ended.
+(The overload bench's branches through the OpenAI front door are the asyncio open loop in
+`ops/lab/bench/open_loop.py`, not this player.)
 """
 
 from __future__ import annotations
@@ -24,12 +23,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import openai
 import requests
 from requests.adapters import HTTPAdapter
 from tidegate_client import parse_retry_after
 
-from ops.lab.traffic.openai_branch import StreamAnswer, branch_client, stream_completion
 from ops.lab.traffic.player_settings import RETRY_MODES, PlayerSettings, RetryMode, RetryPolicy
 from ops.lab.traffic.records import OUTCOMES, TicketRecord, TypeFigures, type_figures
 from ops.lab.traffic.timetable import Timetable
@@ -79,13 +76,7 @@ class TrafficPlayer:
         self._finished = threading.Event()
         self._local = threading.local()
         self._sessions: list[requests.Session] = []
-        streaming = self.settings.client == "openai"
-        threads = self.settings.stream_clients if streaming else self.settings.clients
-        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="branch")
-        self._openai: openai.OpenAI | None = (
-            branch_client(self.api_url, self.settings.stream_read_timeout_s) if streaming else None
-        )
-        self._model: str | None = None
+        self._pool = ThreadPoolExecutor(max_workers=self.settings.clients, thread_name_prefix="branch")
         self._busy = 0
         self._thread = threading.Thread(target=self._dispatch, name="traffic-dispatcher", daemon=True)
         self.started_at = 0.0
@@ -128,8 +119,6 @@ class TrafficPlayer:
         self._pool.shutdown(wait=True, cancel_futures=True)
         for session in self._sessions:
             session.close()
-        if self._openai is not None:
-            self._openai.close()
 
     @property
     def finished(self) -> bool:
@@ -218,9 +207,6 @@ class TrafficPlayer:
         return None
 
     def _submit(self, record: TicketRecord, attempt: int) -> None:
-        if self._openai is not None:
-            self._submit_stream(self._openai, record, attempt)
-            return
         arrival = self._arrivals[record.index]
         key = self.key_for(record.branch_id)
         # Every try of one request carries the same key, as a well-behaved client's retries do, so
@@ -252,44 +238,6 @@ class TrafficPlayer:
             with self._lock:
                 record.outcome = "error"
                 record.error = f"HTTP {response.status_code}: {response.text[:300]}"
-
-    def _submit_stream(self, client: openai.OpenAI, record: TicketRecord, attempt: int) -> None:
-        """One streamed call; a shed answer (429 or degraded 200) is retried as a 429 is."""
-        key = self.key_for(record.branch_id)
-
-        def admitted(ticket_id: str) -> None:
-            with self._lock:
-                record.submissions += 1
-                record.ticket_id, record.status, record.accepted_at = ticket_id, "queued", time.time()
-
-        answer = stream_completion(
-            client, self._served_model(client, key), self._arrivals[record.index], key, admitted
-        )
-        with self._lock:
-            if record.first_submit_at is None:
-                record.first_submit_at = answer.sent_at
-            record.degraded = answer.degraded  # the last refusal's kind decides how a give-up reads
-        if answer.verdict == "shed":
-            self._shed(record, attempt, answer.retry_after, answer.ticket_id)
-        elif answer.verdict == "error" or record.ticket_id is None:
-            with self._lock:
-                record.outcome, record.error = "error", answer.error or "no ticket id in the answer"
-        else:
-            self._streamed(record, answer)
-
-    def _streamed(self, record: TicketRecord, answer: StreamAnswer) -> None:
-        with self._lock:
-            record.client_ttft_s, record.client_latency_s = answer.ttft_s, answer.latency_s
-            if answer.error:
-                log.info("stream of %s ended with %s", record.ticket_id, answer.error)
-        self._poll(record, 0.0)  # the ticket's end and the server's timings
-
-    def _served_model(self, client: openai.OpenAI, key: str) -> str:
-        """The model the API serves, read once from GET /v1/models."""
-        if self._model is None:
-            models = client.models.list(extra_headers={"Authorization": f"Bearer {key}"})
-            self._model = models.data[0].id
-        return self._model
 
     def _rejected(self, record: TicketRecord, attempt: int, response: requests.Response) -> None:
         try:
@@ -353,8 +301,6 @@ class TrafficPlayer:
         under the settlement.
         """
         self._timetable.close()
-        if self._openai is not None:
-            self._cancel_streams()
         deadline = time.monotonic() + self.settings.request_timeout_s * TRANSPORT_RETRIES + 5
         while time.monotonic() < deadline:
             with self._lock:
@@ -385,15 +331,3 @@ class TrafficPlayer:
                         self._finish(record, view)
                         continue
                 record.outcome, record.error = "error", f"ticket still {record.status} after cancelling"
-
-    def _cancel_streams(self) -> None:
-        """Cancel the tickets of streams still open, so their threads see the end and return."""
-        with self._lock:
-            streaming = [r for r in self.records if r.ticket_id and not r.terminal]
-        for record in streaming:
-            response = self._request(
-                "DELETE", f"/v1/tickets/{record.ticket_id}", self.key_for(record.branch_id)
-            )
-            if response is not None and response.status_code == 200 and response.json().get("cancelled"):
-                with self._lock:
-                    self.cancelled_leftovers += 1

@@ -1,4 +1,4 @@
-"""How the simulated branches behave: how they retry a shed request and which client they use."""
+"""How the simulated branches behave: how they retry a shed request, poll and give up."""
 
 from __future__ import annotations
 
@@ -8,8 +8,6 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 RetryMode = Literal["retry-after", "fixed", "none"]
-ClientKind = Literal["tickets", "openai"]
-CLIENT_KINDS: tuple[ClientKind, ...] = ("tickets", "openai")
 RETRY_MODES: tuple[RetryMode, ...] = ("retry-after", "fixed", "none")
 
 
@@ -54,18 +52,7 @@ class PlayerSettings:
     """After the last planned arrival, how long to wait for tickets to end before cancelling them."""
     run_tag: str = field(default_factory=lambda: f"traffic-{secrets.token_hex(4)}")
     """Prefix of idempotency keys, unique per run so two runs on one queue never collide."""
-    client: ClientKind = "tickets"
-    """`tickets`: POST /v1/tickets and poll; `openai`: a streamed /v1/completions per request."""
-    stream_clients: int = 256
-    """Threads (and connections) for the `openai` client, each holding one open stream: the bound
-    on streams in flight, so a surge queues requests here instead of spawning a thread each."""
-    stream_read_timeout_s: float = 600.0
-    """A queued stream sends nothing until its first token: wait long, the drain cancels leftovers."""
 
     def __post_init__(self) -> None:
-        if self.client not in CLIENT_KINDS:
-            raise ValueError(f"client {self.client!r} is not accepted; use {'|'.join(CLIENT_KINDS)}")
-        if self.clients < 1 or self.stream_clients < 1:
-            raise ValueError(
-                f"clients={self.clients} and stream_clients={self.stream_clients} must be at least 1"
-            )
+        if self.clients < 1:
+            raise ValueError(f"clients={self.clients} is not accepted; use at least 1")

@@ -9,7 +9,14 @@ from rich.console import Console
 
 from ops.lab.bench.figures import Books, SystemFigures, system_figures
 from ops.lab.bench.plot import PlotSeries, plot_runs
-from ops.lab.bench.report import arms_table, comparison_table, per_class_table, summary_line, verdict_lines
+from ops.lab.bench.report import (
+    arms_table,
+    comparison_table,
+    harness_line,
+    per_class_table,
+    summary_line,
+    verdict_lines,
+)
 from ops.lab.bench.timeline import Sample
 from ops.lab.traffic.accounting import Ledger
 from ops.lab.traffic.records import TicketRecord
@@ -174,3 +181,24 @@ def test_every_arm_gets_a_row_per_class_with_its_shed_codes_and_goodput_beside_t
     assert len(rows) == len(TYPES) + 2  # a row per class and "all", and one in the per-arm table
     assert "429 scheduler_queue_full 3" in text and "expired 4" in text
     assert "45%" in text and "smg 0.30, harness 0.10" in text  # SLO goodput 900 / 2000
+
+
+def test_every_arm_shows_its_client_and_whether_the_harness_kept_up() -> None:
+    ours, _ = figures("tidegate", 0)
+    streamed = replace(
+        ours,
+        client="openai",
+        send_lag={"p50_s": 0.0012, "p99_s": 0.0071, "max_s": 0.031},
+        cpu_cores={"harness": 0.2, "harness_in_surge": 0.45},
+    )
+    seed = replace(ours, name="fifo", client="seed", send_lag={}, cpu_cores={})
+    console = Console(width=260, record=True)
+    console.print(arms_table([streamed, seed]))
+    console.print(harness_line(streamed), harness_line(seed), sep="\n")
+    text = console.export_text()
+    assert "OpenAI, streamed" in text and "no OpenAI door" in text
+    assert "0.001/0.007/0.031" in text and "-/-/-" in text
+    assert harness_line(streamed) == (
+        "tidegate harness (OpenAI, streamed): send lag p50/p99/max 0.001/0.007/0.031 s, CPU 0.20 (surge 0.45) cores"
+    )
+    assert harness_line(seed).endswith("send lag p50/p99/max -/-/- s, CPU - cores")

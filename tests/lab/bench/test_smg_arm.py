@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import requests
 
-from ops.lab.bench.peer_player import PeerClientSettings, PeerPlayer
+from ops.lab.bench.open_loop import OpenLoopPlayer, OpenLoopSettings
 from ops.lab.bench.peer_runs import worker_batch
 from ops.lab.bench.peers.smg import PRIORITY_HEADER, SmgGateway, smg_class, smg_command
 from ops.lab.bench.peers.venv import PeerUnavailable, peers_dir
@@ -51,8 +51,8 @@ def test_smg_admits_each_class_through_its_priority_scheduler(tmp_path: Path, po
                 body = {"model": workers[0]["model_id"], "prompt": "hello", "max_tokens": arrival.max_tokens}
                 return gateway.url, body, {PRIORITY_HEADER: smg_class(policy, arrival.type)}
 
-            player = PeerPlayer(
-                plan, policy, shape, PeerClientSettings(honouring=frozenset(), drain_timeout_s=30)
+            player = OpenLoopPlayer(
+                plan, policy, shape, OpenLoopSettings(honouring=frozenset(), drain_timeout_s=30)
             )
             player.start()
             assert player.wait(60), "the SMG arm's player did not finish"

@@ -3,7 +3,6 @@ attempts, cancels what is still open when the drain time runs out, and its books
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,9 +16,6 @@ from ops.lab.traffic.workload import PlannedArrival
 from shared.control import Mode, set_mode
 from shared.policy import Policy
 from tests.conftest import TEST_REDIS_URL, delete_queue_keys
-
-ADMISSION_CACHE_S = 0.5
-"""Longer than the admission controller's cache of the control state."""
 
 
 def arrival(index: int, ticket_type: str, at: float = 0.0) -> PlannedArrival:
@@ -85,59 +81,3 @@ def test_tickets_still_open_when_the_drain_time_ends_are_cancelled(stack: Stack,
     assert [r.outcome for r in player.records] == ["cancelled"] * 4
     assert player.cancelled_leftovers == 4
     assert all(r.submissions == 1 for r in player.records)
-
-
-def test_openai_branches_stream_their_answers_and_the_books_still_balance(
-    stack: Stack, policy: Policy
-) -> None:
-    plan = [
-        arrival(0, "loan_approval"),
-        arrival(1, "archive_query", at=0.05),
-        arrival(2, "complaint", at=0.1),
-    ]
-    player = play(stack, policy, plan, PlayerSettings(client="openai", stream_clients=2))
-    for record in player.records:
-        assert record.outcome == "done" and record.submissions == 1 and record.ticket_id
-        assert record.client_ttft_s is not None and record.client_latency_s is not None
-        assert 0 < record.client_ttft_s <= record.client_latency_s
-        assert record.latency_s is not None  # the server's timings, read once the stream ended
-    loans = player.figures()["loan_approval"]
-    assert loans.e2e_ttft_p99_s == player.records[0].client_ttft_s  # its own clock, as it streamed
-    assert player.records[0].e2e_ttft_s is not None  # the ticket's clock agrees it had a first token
-
-
-def test_openai_branches_retry_shed_answers_both_429_and_degraded(stack: Stack, policy: Policy) -> None:
-    set_mode(stack.redis, stack.queue_keys, Mode.CRITICAL_ONLY, actor="test")
-    time.sleep(ADMISSION_CACHE_S)  # the API has just admitted tickets: let its cached mode lapse
-    try:
-        plan = [arrival(0, "complaint"), arrival(1, "loan_approval"), arrival(2, "archive_query", at=0.1)]
-        retry = RetryPolicy(mode="fixed", fixed_delay_s=0.2, max_attempts=3)
-        player = play(stack, policy, plan, PlayerSettings(client="openai", retry=retry))
-    finally:
-        set_mode(stack.redis, stack.queue_keys, Mode.NORMAL, actor="test")
-    complaint, loan, archive = player.records
-    assert policy.type_policy("complaint").shed_answer == "degraded"  # a 200 that is still a shed
-    assert policy.type_policy("archive_query").shed_answer == "error"  # a 429
-    for shed in (complaint, archive):
-        assert (shed.submissions, shed.rejections, shed.retries, shed.outcome) == (3, 3, 2, "rejected")
-        assert len(shed.rejected_ids) == 3 and shed.ticket_id is None
-    assert loan.outcome == "done" and loan.client_ttft_s is not None
-    # How each request ended for its branch: the degraded 200 and the 429 read apart.
-    assert (complaint.end(), archive.end()) == ("degraded", "gave_up")
-    assert loan.end() in ("within_slo", "late")
-
-
-def test_open_streams_when_the_drain_time_ends_are_cancelled(stack: Stack, policy: Policy) -> None:
-    stack.stop_worker(0)
-    try:
-        plan = [arrival(i, "archive_query", at=0.05 * i) for i in range(4)]
-        player = play(stack, policy, plan, PlayerSettings(client="openai", drain_timeout_s=1.0))
-    finally:
-        stack.start_worker(0)
-    assert [r.outcome for r in player.records] == ["cancelled"] * 4
-    assert player.cancelled_leftovers == 4
-
-
-def test_an_unknown_client_is_refused() -> None:
-    with pytest.raises(ValueError, match="client 'grpc' is not accepted"):
-        PlayerSettings(client="grpc")  # type: ignore[arg-type]
