@@ -139,7 +139,7 @@ class ClaimLoop:
             running=self.inflight.count(),
             token_budget=self.sizer.token_budget(self.inflight.reserved_tokens()),
             usable_kv_tokens=self.sizer.usable_kv_tokens(),
-            throttle=self.throttle.limit(capacity) if self.throttle is not None else None,
+            throttle=self.throttle.ceiling(capacity) if self.throttle is not None else None,
             reserve_share=self.reserve_share,
             health=Gate.GO if self.endpoints is None else routes.gate,
             health_bound=routes.why or Bound.OPEN,

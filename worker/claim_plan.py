@@ -61,7 +61,7 @@ class Snapshot:
     """KV tokens the next claim may take; None when vLLM's KV figures are unknown."""
     usable_kv_tokens: int | None
     throttle: int | None = None
-    """The adaptive throttle's limit; None while it is not in force."""
+    """The adaptive throttle's ceiling; None while it is not in force."""
     reserve_share: float = 0.0
     health: Gate = Gate.GO
     health_bound: Bound = Bound.OPEN

@@ -1,8 +1,7 @@
 """The worker's periodic chores, on one thread: reap, resize, read the monitor, heartbeat.
 
 - reap every second (lock-guarded in Redis, so many workers calling it cost one sweep);
-- sample GPU memory and vLLM's `/metrics` every `resize_seconds`, recompute the batch limit and feed
-  vLLM's latency histograms to the adaptive limit;
+- sample GPU memory and vLLM's `/metrics` every `resize_seconds` and recompute the batch limit;
 - read whether service is degraded (the control state admission reads; caps max_tokens);
 - write the heartbeat with the figures the monitor and admission read;
 - read every endpoint's served model every 30 s, to pair fallbacks by model version.

@@ -50,7 +50,7 @@ class GaugeSnapshot:
     gpu_free_bytes: int | None
     gpu_total_bytes: int | None
     concurrency_limit: int | None = None
-    """The adaptive limit from per-token latency; None when it is switched off."""
+    """The adaptive throttle's ceiling on the batch beside critical tickets; None while not in force."""
 
 
 class WorkerGauges(Collector):

@@ -6,7 +6,7 @@ of recent ones, each over the share of its own type's SLO the run may use (the r
 Redis and the client's poll). Above 1 the throttle cuts what is in force by a quarter; well within
 its allowance it grows by a quarter of the distance to capacity (a sawtooth of one slot per verdict
 held a surge's batch at half its slots); in between it holds. Each verdict is drawn from answers
-that ran under the limit the previous verdict left. With no critical answer within the horizon
+that ran under the ceiling the previous verdict left. With no critical answer within the horizon
 there is nothing to protect and nothing to judge by: the throttle is not in force.
 """
 
@@ -37,7 +37,7 @@ HORIZON_SECONDS = 10.0
 
 
 class Throttle:
-    """Thread-safe: runners `observe` critical answers, the claim loop reads `limit(capacity)`."""
+    """Thread-safe: runners `observe` critical answers, the claim loop reads `ceiling(capacity)`."""
 
     def __init__(
         self, max_batch: int, *, run_share: float = RUN_SHARE, now: Callable[[], float] = clock.monotonic
@@ -51,7 +51,7 @@ class Throttle:
         self._recent: deque[float] = deque(maxlen=RECENT_ANSWERS)
         self._new = 0
         self._last_at: float | None = None
-        self._limit: int | None = None
+        self._ceiling: int | None = None
         self.pressure: float | None = None
         """The last verdict's p90 over the allowance (1 = at it); None before the first."""
 
@@ -64,29 +64,29 @@ class Throttle:
             self._new += 1
             self._last_at = self._now()
 
-    def limit(self, capacity: int) -> int | None:
+    def ceiling(self, capacity: int) -> int | None:
         """What non-critical tickets may fill out of `capacity` now; None while not in force.
 
-        The throttle keeps its own limit, apart from capacity (which moves with every KV sample): a
-        verdict cuts or grows what is in force, the smaller of the two, and a limit grown back to
+        The throttle keeps its own ceiling, apart from capacity (which moves with every KV sample): a
+        verdict cuts or grows what is in force, the smaller of the two, and a ceiling grown back to
         capacity no longer binds. A due verdict is applied here."""
         with self._lock:
             if self._last_at is None or self._now() - self._last_at > HORIZON_SECONDS:
-                self._limit = None
+                self._ceiling = None
                 return None
-            before = capacity if self._limit is None else min(self._limit, capacity)
+            before = capacity if self._ceiling is None else min(self._ceiling, capacity)
             pressure = None
             if self._new >= MIN_ANSWERS and len(self._recent) >= MIN_ANSWERS:
                 self._new = 0
                 ordered = sorted(self._recent)
                 pressure = self.pressure = ordered[int(0.9 * (len(ordered) - 1))]
                 if pressure > 1.0:
-                    self._limit = max(self.floor, int(before * SHRINK_FACTOR))
+                    self._ceiling = max(self.floor, int(before * SHRINK_FACTOR))
                     self._recent.clear()  # judge the cut by answers that ran under it
-                elif pressure < GROW_BELOW and self._limit is not None:
+                elif pressure < GROW_BELOW and self._ceiling is not None:
                     grown = before + max(1, math.ceil((capacity - before) * GROW_SHARE))
-                    self._limit = None if grown >= capacity else grown
-            after = capacity if self._limit is None else min(self._limit, capacity)
+                    self._ceiling = None if grown >= capacity else grown
+            after = capacity if self._ceiling is None else min(self._ceiling, capacity)
         if pressure is not None and after != before:
             log.info(
                 "throttle %d -> %d (critical answers run %.2f of their allowance at p90)",

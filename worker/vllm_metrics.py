@@ -1,6 +1,5 @@
-"""Read vLLM's `/metrics`: KV-cache usage, its size in blocks, running and waiting requests, and the
-running sums of its latency histograms (time to first token, time per output token) and prompt tokens,
-which the adaptive limit turns into per-interval means.
+"""Read vLLM's `/metrics`: KV-cache usage, its size in blocks, running and waiting requests and
+preemptions, the figures the batch sizer decides from.
 
 Parsed with prometheus_client's own text parser rather than by hand, so label quoting and
 escaping follow the exposition format exactly. With data-parallel engines behind one endpoint
@@ -10,24 +9,13 @@ escaping follow the exposition format exactly. With data-parallel engines behind
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 KV_USAGE_NAMES = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 """Current name first; the second is what vLLM before 0.10 exported."""
-SUM_NAMES = {
-    "vllm:time_to_first_token_seconds_sum": "ttft_sum",
-    "vllm:time_to_first_token_seconds_count": "ttft_count",
-    "vllm:inter_token_latency_seconds_sum": "itl_sum",
-    "vllm:inter_token_latency_seconds_count": "itl_count",
-    "vllm:time_per_output_token_seconds_sum": "itl_sum",
-    "vllm:time_per_output_token_seconds_count": "itl_count",
-    "vllm:prompt_tokens_total": "prompt_tokens",
-}
-"""Running sums, summed over a histogram's label sets; the time-per-output-token names are what
-vLLM called the inter-token histogram before it was renamed."""
 
 
 class VllmMetricsError(RuntimeError):
@@ -54,11 +42,6 @@ class VllmMetrics:
     running: int
     waiting: int
     preemptions: float
-    sums: tuple[tuple[str, float], ...] = ()
-    """The `SUM_NAMES` figures this endpoint exports (ttft_sum, itl_count, ...), summed over engines."""
-
-    def sum_of(self, name: str) -> float | None:
-        return dict(self.sums).get(name)
 
     @property
     def kv_capacity_tokens(self) -> int | None:
@@ -77,7 +60,6 @@ class VllmMetrics:
 def parse_metrics(text: str, engine: str | None = None) -> VllmMetrics:
     """The figures of `engine` (its `engine` label) when present, else of all engines together."""
     by_engine: dict[str, dict[str, float]] = defaultdict(dict)
-    sums: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     cache_info: dict[str, tuple[int, int]] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -91,8 +73,6 @@ def parse_metrics(text: str, engine: str | None = None) -> VllmMetrics:
                 by_engine[key]["waiting"] = sample.value
             elif name == "vllm:num_preemptions_total":
                 by_engine[key]["preemptions"] = sample.value
-            elif name in SUM_NAMES:
-                sums[key][SUM_NAMES[name]] += sample.value
             elif name == "vllm:cache_config_info":
                 blocks = sample.labels.get("num_gpu_blocks", "")
                 size = sample.labels.get("block_size", "")
@@ -102,11 +82,7 @@ def parse_metrics(text: str, engine: str | None = None) -> VllmMetrics:
         raise VllmMetricsError("no vllm: metrics found (is this a vLLM /metrics endpoint?)")
     picked = [engine] if engine is not None and engine in by_engine else sorted(by_engine)
     samples = [_engine_sample(by_engine[k], cache_info.get(k)) for k in picked]
-    combined: dict[str, float] = defaultdict(float)
-    for k in picked:
-        for field, value in sums.get(k, {}).items():
-            combined[field] += value
-    return replace(_combine(samples), sums=tuple(sorted(combined.items())))
+    return _combine(samples)
 
 
 def _engine_sample(values: dict[str, float], cache: tuple[int, int] | None) -> EngineSample:

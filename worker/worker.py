@@ -283,7 +283,7 @@ class Worker:
         observed = self.housekeeping.observed
         return GaugeSnapshot(
             batch_limit=self.sizer.limit,
-            concurrency_limit=self.throttle.limit(self.sizer.limit) if self.throttle is not None else None,
+            concurrency_limit=self.throttle.ceiling(self.sizer.limit) if self.throttle is not None else None,
             inflight=self.inflight.count(),
             kv_usage=observed.vllm.kv_usage if observed.vllm else None,
             gpu_free_bytes=observed.gpu.free_bytes if observed.gpu else None,

@@ -38,12 +38,14 @@ def test_loans_running_past_their_share_of_the_slo_lower_the_throttle(
     sim = simulator(time_scale=1, per_seq_slowdown=0.003, stop_median_tokens=10**6)
     running = start_worker(sim.base_url, max_batch=MAX_BATCH, preemption=False)
     throttle = running.worker.throttle
-    assert throttle is not None and throttle.limit(MAX_BATCH) is None, "not in force before any loan"
+    assert throttle is not None and throttle.ceiling(MAX_BATCH) is None, "not in force before any loan"
     assert gauge(running) is None
     caplog.set_level(logging.INFO, logger="worker.throttle")
     ids = submit_many(producer_for(fast_queue), MAX_BATCH, type="loan_approval", max_tokens=40)
     wait_all_done(fast_queue, ids, 60)
-    wait_until(lambda: (throttle.limit(MAX_BATCH) or MAX_BATCH) < MAX_BATCH, 10, "the throttle to come down")
+    wait_until(
+        lambda: (throttle.ceiling(MAX_BATCH) or MAX_BATCH) < MAX_BATCH, 10, "the throttle to come down"
+    )
     assert throttle.pressure is not None and throttle.pressure > 1
     judged = [r for r in caplog.records if getattr(r, "event", None) == "concurrency_limit"]
     assert judged and judged[-1].critical_pressure > 1  # type: ignore[attr-defined]

@@ -24,7 +24,7 @@ def feed(throttle: Throttle, pressure: float, answers: int = MIN_ANSWERS) -> Non
 
 
 def test_not_in_force_without_critical_answers() -> None:
-    assert Throttle(32, now=Clock()).limit(32) is None
+    assert Throttle(32, now=Clock()).ceiling(32) is None
 
 
 def test_loans_past_their_allowance_cut_it_by_a_quarter_down_to_the_floor() -> None:
@@ -33,7 +33,7 @@ def test_loans_past_their_allowance_cut_it_by_a_quarter_down_to_the_floor() -> N
     limits = []
     for _ in range(6):
         feed(throttle, 1.3)
-        limits.append(throttle.limit(32))
+        limits.append(throttle.ceiling(32))
     assert limits == [24, 18, 13, 9, 8, 8], "a quarter off per verdict, floor max_batch / 4"
     assert throttle.pressure == pytest.approx(1.3)
 
@@ -43,12 +43,12 @@ def test_loans_well_within_it_take_back_a_quarter_of_the_distance_to_capacity() 
     throttle = Throttle(32, now=clock)
     for _ in range(4):
         feed(throttle, 1.5)
-        throttle.limit(32)
-    assert throttle.limit(32) == 9
+        throttle.ceiling(32)
+    assert throttle.ceiling(32) == 9
     grown = []
     for _ in range(4):
         feed(throttle, 0.5)
-        grown.append(throttle.limit(32))
+        grown.append(throttle.ceiling(32))
     assert grown == [15, 20, 23, 26]
 
 
@@ -56,29 +56,29 @@ def test_between_the_marks_it_holds_and_a_verdict_needs_enough_new_answers() -> 
     clock = Clock()
     throttle = Throttle(32, now=clock)
     feed(throttle, 1.2)
-    assert throttle.limit(32) == 24
+    assert throttle.ceiling(32) == 24
     feed(throttle, 0.9)
-    assert throttle.limit(32) == 24
+    assert throttle.ceiling(32) == 24
     feed(throttle, 1.5, answers=MIN_ANSWERS - 1)
-    assert throttle.limit(32) == 24, "too few answers since the last verdict"
+    assert throttle.ceiling(32) == 24, "too few answers since the last verdict"
 
 
 def test_it_never_exceeds_the_capacity_in_force() -> None:
     clock = Clock()
     throttle = Throttle(32, now=clock)
     feed(throttle, 0.5)
-    assert throttle.limit(12) == 12
+    assert throttle.ceiling(12) == 12
 
 
 def test_it_lifts_when_no_critical_answer_finished_within_the_horizon() -> None:
     clock = Clock()
     throttle = Throttle(32, now=clock)
     feed(throttle, 1.5)
-    assert throttle.limit(32) == 24
+    assert throttle.ceiling(32) == 24
     clock.at += HORIZON_SECONDS + 0.1
-    assert throttle.limit(32) is None
+    assert throttle.ceiling(32) is None
     feed(throttle, 0.9)
-    assert throttle.limit(32) == 32, "back in force from capacity, not from the old cut"
+    assert throttle.ceiling(32) == 32, "back in force from capacity, not from the old cut"
 
 
 def test_a_bad_run_share_is_refused() -> None:
@@ -90,8 +90,8 @@ def test_a_dip_in_capacity_does_not_drag_the_throttle_down_with_it() -> None:
     clock = Clock()
     throttle = Throttle(32, now=clock)
     feed(throttle, 1.5)
-    assert throttle.limit(32) == 24
+    assert throttle.ceiling(32) == 24
     feed(throttle, 0.9)
-    assert throttle.limit(12) == 12, "capacity binds while it is lower"
+    assert throttle.ceiling(12) == 12, "capacity binds while it is lower"
     feed(throttle, 0.9)
-    assert throttle.limit(30) == 24, "and the throttle's own limit is back when it rises"
+    assert throttle.ceiling(30) == 24, "and the throttle's own limit is back when it rises"
