@@ -54,6 +54,42 @@ class ClaimedTicket:
 
 
 @dataclass(frozen=True)
+class _ClaimFrame:
+    """What a claim sends that depends only on the queue and its policy (shared/lua/claim.lua's
+    KEYS and the arguments around the per-call ones), built once per policy, not per claim."""
+
+    policy: Policy
+    keys: list[str]
+    types: list[Any]
+    """The retention spec, the number of types and their names."""
+    tail: list[Any]
+    """The fairness weights and the critical types."""
+
+    @classmethod
+    def build(cls, keys: QueueKeys, policy: Policy) -> _ClaimFrame:
+        types = policy.type_names
+        return cls(
+            policy,
+            [
+                keys.pending,
+                keys.delayed,
+                keys.deadlines,
+                keys.inflight,
+                keys.counts,
+                keys.token_seq,
+                keys.outbox,
+                keys.ticket_prefix,
+                *[keys.waiting(t) for t in types],
+                *[keys.branch_depth(t) for t in types],
+                *[keys.branch_service(t) for t in types],
+                *[keys.branch_tokens(t) for t in types],
+            ],
+            [policy.queue.retention_spec, len(types), *types],
+            [*policy.fairness.cost_args(), *policy.critical_types],
+        )
+
+
+@dataclass(frozen=True)
 class ReapResult:
     swept: bool
     requeued: int = 0
@@ -79,6 +115,7 @@ class TicketQueue(QueueLeases, QueueReads):
         self.scripts = Scripts.register(redis)
         self.submission = Submission(policy, self.keys, self.scripts)
         self._blocking: Redis | None = None
+        self._claim_frame: _ClaimFrame | None = None
         self.replica_acks = replica_acks
         """Replicas that must hold a submission before it returns (shared/replica_acks.py)."""
 
@@ -183,23 +220,11 @@ class TicketQueue(QueueLeases, QueueReads):
         """
         if max_count < 1:
             return []
-        types = self.policy.type_names
-        critical = self.policy.critical_types
+        frame = self._claim_frame
+        if frame is None or frame.policy is not self.policy:
+            frame = self._claim_frame = _ClaimFrame.build(self.keys, self.policy)
         claimed, _expired = self.scripts.claim(
-            keys=[
-                self.keys.pending,
-                self.keys.delayed,
-                self.keys.deadlines,
-                self.keys.inflight,
-                self.keys.counts,
-                self.keys.token_seq,
-                self.keys.outbox,
-                self.keys.ticket_prefix,
-                *[self.keys.waiting(t) for t in types],
-                *[self.keys.branch_depth(t) for t in types],
-                *[self.keys.branch_service(t) for t in types],
-                *[self.keys.branch_tokens(t) for t in types],
-            ],
+            keys=frame.keys,
             args=[
                 repr(clock.now()),
                 max_count,
@@ -207,13 +232,10 @@ class TicketQueue(QueueLeases, QueueReads):
                 worker_id,
                 token_budget,
                 "1" if take_first_over_budget else "0",
-                self.policy.queue.retention_spec,
-                len(types),
-                *types,
+                *frame.types,
                 max_count if normal_count is None else min(normal_count, max_count),
                 token_budget if normal_budget is None else min(normal_budget, token_budget),
-                *self.policy.fairness.cost_args(),
-                *critical,
+                *frame.tail,
             ],
         )
         out = []

@@ -8,7 +8,8 @@ share), and once that share is full the claim goes on only while the head of the
 so a loan arriving at a busy worker still finds a slot without any ticket overtaking another.
 Fair share: within the band of the queue's head (its type and priority), the ticket taken is the
 first of the waiting branch whose weighted tokens claimed so far are least (lib/fairness.lua), and
-each claimed ticket's weighted tokens are counted to its branch.
+each claimed ticket's weighted tokens are counted to its branch. A type's service is read once per
+claim and written once at its end (lib/fairness.lua `service_view`).
 
 KEYS[1] pending zset            {q}:pending
 KEYS[2] delayed zset            {q}:delayed
@@ -45,11 +46,14 @@ carrying its new `token`); expired counts tickets ended because their TTL passed
 -- @include tickets
 -- @include fairness
 
+-- The fields a claim decides on, in the order it reads them (HMGET).
 local FIELDS = {'status', 'type', 'expires_at', 'prompt_tokens_estimate', 'max_tokens', 'branch_id',
   'attempts', 'priority', 'weighted_tokens'}
 local now = tonumber(ARGV[1])
 local limit = tonumber(ARGV[2])
-local lease = tonumber(ARGV[3])
+-- The lease deadline of every ticket leased here, in the form Redis gives a Lua number (written
+-- once rather than converted for each ticket's field and its inflight score).
+local lease_until = string.format('%.17g', now + tonumber(ARGV[3]))
 local budget = tonumber(ARGV[5])
 local retention = ARGV[7]
 local prefix = KEYS[8]
@@ -68,12 +72,21 @@ end
 
 index_promoted(promote_due(KEYS[2], KEYS[1], prefix, now, 1000), prefix, depths)
 
-local claimed = {}
+local claimed, nclaimed = {}, 0
 local expired = 0
--- Written once at the end instead of a command a ticket: the ids that left the delayed and
--- deadline sets, the new leases (score, id pairs for the inflight set), the outcome counts of the
--- tickets ended here and the last fencing token handed out (read once, on the first claim).
-local leaving, leases, ended_counts = {}, {}, {}
+-- Written once at the end instead of a command a ticket: the ids that left the queue (the pending
+-- set's removals are also written before that set is read again), the new leases (score, id pairs
+-- for the inflight set), the outcome counts of the tickets ended here, the last fencing token handed
+-- out (read once, on the first claim) and each type's branch service.
+local leaving, leases, ended_counts, views = {}, {}, {}, {}
+local nleases = 0
+-- Stale entries to drop from the pending set, and how many of `leaving` are out of it already.
+local dropped, settled = {}, 0
+local function settle_pending()
+  remove_all(KEYS[1], leaving, settled + 1)
+  remove_all(KEYS[1], dropped)
+  settled, dropped = #leaving, {}
+end
 local last_token
 local function next_token()
   last_token = (last_token or tonumber(redis.call('GET', KEYS[6]) or '0')) + 1
@@ -95,9 +108,18 @@ local function several_waiting(ticket_type)
   end
   return (branches_waiting[ticket_type] or 0) > 1
 end
-while #claimed < limit and scanned < limit + 1000 do
+local function service_of_type(ticket_type)
+  local view = views[ticket_type]
+  if not view and services[ticket_type] then
+    view = service_view(services[ticket_type])
+    views[ticket_type] = view
+  end
+  return view
+end
+while nclaimed < limit and scanned < limit + 1000 do
   if next_in_window > #window then
-    window = redis.call('ZRANGE', KEYS[1], 0, limit - #claimed)
+    settle_pending()
+    window = redis.call('ZRANGE', KEYS[1], 0, limit - nclaimed)
     next_in_window = 1
   end
   local id = window[next_in_window]
@@ -112,14 +134,15 @@ while #claimed < limit and scanned < limit + 1000 do
     t = redis.call('HMGET', key, unpack(FIELDS))
   end
   local from_head = true
-  if t[1] == 'queued' and t[2] and tonumber(t[3]) > now then
-    local pick, pick_fields = id, nil
-    if several_waiting(t[2]) then
-      pick, pick_fields = fair_pick(id, t[6], t[8], depths[t[2]], services[t[2]], prefix, FIELDS, 8)
-    end
+  -- Queued and within its TTL (a ticket picked instead is queued: lib/fairness.lua `first_pending`).
+  local live = t[1] == 'queued' and t[2] and tonumber(t[3]) > now
+  if live and several_waiting(t[2]) then
+    local pick, pick_fields = fair_pick(id, t[6], t[8], depths[t[2]], service_of_type(t[2]), prefix,
+      FIELDS, 8)
     if pick ~= id then
       head_id, head_fields = id, t
       id, key, t, from_head = pick, prefix .. pick, pick_fields, false
+      live = tonumber(t[3]) > now
     end
   end
   if from_head then next_in_window = next_in_window + 1 end
@@ -128,9 +151,9 @@ while #claimed < limit and scanned < limit + 1000 do
     scanned = scanned + 1
   elseif t[1] ~= 'queued' or not ticket_type then
     -- Not a queued ticket any more (its hash is gone or it ended elsewhere): drop the stale entry.
-    redis.call('ZREM', KEYS[1], id)
+    dropped[#dropped + 1] = id
     scanned = scanned + 1
-  elseif tonumber(t[3]) <= now then
+  elseif not live then
     unqueue(id, KEYS[1], KEYS[2], KEYS[3], waiting[ticket_type] or KEYS[1], depths[ticket_type],
       branch_tokens[ticket_type], t[6], t[9], leaving)
     finish_ticket(key, id, ticket_type, 'expired', ARGV[1], retention,
@@ -139,30 +162,33 @@ while #claimed < limit and scanned < limit + 1000 do
     scanned = scanned + 1
   else
     -- What it may occupy in the KV cache: prompt plus the answer it may write (Ticket.cost_tokens).
-    local cost = (tonumber(t[4]) or 0) + (tonumber(t[5]) or 0)
+    local prompt, answer = tonumber(t[4]) or 0, tonumber(t[5]) or 0
+    local cost = prompt + answer
     local count_cap, token_cap = limit, budget
     if not critical[ticket_type] then
       count_cap, token_cap = normal_limit, normal_budget
     end
-    if #claimed >= count_cap then break end
+    if nclaimed >= count_cap then break end
     local over = budget > 0 and used + cost > token_cap
-    if over and not (#claimed == 0 and ARGV[6] == '1') then break end
+    if over and not (nclaimed == 0 and ARGV[6] == '1') then break end
     used = used + cost
     local token = next_token()
     unqueue(id, KEYS[1], KEYS[2], KEYS[3], waiting[ticket_type] or KEYS[1], depths[ticket_type],
       branch_tokens[ticket_type], t[6], t[9], leaving)
-    charge_service(services[ticket_type], t[6], tonumber(t[4]) or 0, tonumber(t[5]) or 0, w_in, w_out,
-      weights)
+    charge_service(service_of_type(ticket_type), t[6], prompt, answer, w_in, w_out, weights)
     redis.call('HSET', key, 'status', 'running', 'token', token, 'worker', ARGV[4],
-      'started_at', ARGV[1], 'lease_until', now + lease, 'attempts', (tonumber(t[7]) or 0) + 1)
-    leases[#leases + 1], leases[#leases + 2] = now + lease, id
-    claimed[#claimed + 1] = redis.call('HGETALL', key)
+      'started_at', ARGV[1], 'lease_until', lease_until, 'attempts', (tonumber(t[7]) or 0) + 1)
+    leases[nleases + 1], leases[nleases + 2], nleases = lease_until, id, nleases + 2
+    nclaimed = nclaimed + 1
+    claimed[nclaimed] = redis.call('HGETALL', key)
     taken[id] = true
   end
 end
+settle_pending()
 remove_all(KEYS[2], leaving)
 remove_all(KEYS[3], leaving)
 add_all(KEYS[4], leases)
 add_counts(KEYS[5], ended_counts)
 if last_token then redis.call('SET', KEYS[6], string.format('%d', last_token)) end
+for _, view in pairs(views) do write_service(view) end
 return {claimed, expired}

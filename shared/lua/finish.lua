@@ -45,6 +45,7 @@ end
 
 local replies = {}
 local finished, counts = {}, {}
+local batch = {counts = counts}
 for i = 1, #starts do
   local at = starts[i]
   local id, key = ARGV[at], KEYS[4] .. ARGV[at]
@@ -52,14 +53,10 @@ for i = 1, #starts do
   if t[1] ~= 'running' or t[2] ~= ARGV[at + 1] then
     replies[i] = 'stale:' .. (t[1] or 'missing')
   else
-    local fields = tonumber(ARGV[at + 4])
-    local set = {}
-    for j = at + 5, at + 4 + 2 * fields do
-      set[#set + 1] = ARGV[j]
-    end
+    batch.set = {unpack(ARGV, at + 5, at + 4 + 2 * tonumber(ARGV[at + 4]))}
+    batch.callback = t[4] ~= false
     finished[#finished + 1] = id
-    finish_ticket(key, id, t[3], ARGV[at + 2], ARGV[1], ARGV[2], ARGV[at + 3], KEYS[2], KEYS[3],
-      {set = set, callback = t[4] ~= false, counts = counts})
+    finish_ticket(key, id, t[3], ARGV[at + 2], ARGV[1], ARGV[2], ARGV[at + 3], KEYS[2], KEYS[3], batch)
     if ARGV[at + 2] == 'expired' then  -- the one expiry here: a deadline passed before the start
       counts[t[3] .. ':deadline_passed'] = (counts[t[3] .. ':deadline_passed'] or 0) + 1
     end

@@ -92,19 +92,20 @@ local function index_promoted(ids, prefix, depths)
   end
 end
 
--- Lift `branch`'s service (`own`, nil when not counted) to `least`, the least service of the
--- branches waiting; never lower it (a branch not counted yet starts there).
-local function lift_to(service_key, branch, own, least)
-  if not own or tonumber(own) < tonumber(least) then
-    redis.call('ZADD', service_key, least, branch)
-  end
+-- The service a branch that starts waiting takes: `least`, the least service of the branches
+-- waiting, unless its own (nil when not counted) is more already: a lift never lowers it.
+local function lifted(own, least)
+  if not own or own < least then return least end
+  return own
 end
 
 -- A branch about to wait for a type (none of its tickets is queued): lift its service to the
 -- least service of the branches waiting.
 local function lift_service(service_key, branch)
   local least = redis.call('ZRANGE', service_key, 0, 0, 'WITHSCORES')[2]
-  if least then lift_to(service_key, branch, redis.call('ZSCORE', service_key, branch), least) end
+  if not least then return end
+  local own = tonumber(redis.call('ZSCORE', service_key, branch) or '')
+  if lifted(own, tonumber(least)) ~= own then redis.call('ZADD', service_key, least, branch) end
 end
 
 -- The branch's first ticket still queued, with its `fields` (a list starting with 'status') read in
@@ -122,30 +123,93 @@ local function first_pending(depth_key, branch, prefix, fields)
 end
 
 local PICK_SCAN = 4
+
+-- A type's branch service zset as one claim holds it: each branch's service as read (once) or as
+-- this claim changed it (`score`: false for a branch not in the set), the branches to write at the
+-- claim's end (`changed`, by `write_service`: one ZADD and one ZREM instead of a ZINCRBY a ticket),
+-- and the set's least service with how many branches have it (`least`, `at_least`; nil when not
+-- known, read again from the set when needed). `whole`: the set was read empty, so every branch
+-- in it is one this claim put there.
+local function service_view(service_key)
+  return {key = service_key, score = {}, changed = {}, least = nil, at_least = 0, whole = false}
+end
+
+-- Write the view's changes: one ZADD of the changed services, one ZREM of the forgotten branches.
+local function write_service(view)
+  local adds, gone, n = {}, {}, 0
+  for branch in pairs(view.changed) do
+    local served = view.score[branch]
+    if served then
+      adds[n + 1], adds[n + 2], n = served, branch, n + 2
+    else
+      gone[#gone + 1] = branch
+    end
+  end
+  if n > 0 then redis.call('ZADD', view.key, unpack(adds)) end
+  if #gone > 0 then redis.call('ZREM', view.key, unpack(gone)) end
+  view.changed = {}
+end
+
+-- Read the set's least service and how many branches have it (the view's changes written first).
+local function read_least(view)
+  write_service(view)
+  local lowest = redis.call('ZRANGE', view.key, 0, 0, 'WITHSCORES')
+  if lowest[1] then
+    view.least, view.whole = tonumber(lowest[2]), false
+    view.at_least = redis.call('ZCOUNT', view.key, lowest[2], lowest[2])
+    view.score[lowest[1]] = view.least
+  else
+    view.least, view.whole = nil, true
+  end
+end
+
+-- `branch`'s service: the view's, else the set's (read once); nil when it is not in the set.
+local function service_of(view, branch)
+  local served = view.score[branch]
+  if served == nil then
+    served = false
+    if not view.whole then served = tonumber(redis.call('ZSCORE', view.key, branch) or '') or false end
+    view.score[branch] = served
+  end
+  return served or nil
+end
+
+-- Set `branch`'s service (known to the view, as `service_of` leaves it) to `served`, or take the
+-- branch out of the set (nil), keeping the least service and its count while they are known.
+local function set_service(view, branch, served)
+  local was = view.score[branch]
+  if was and was == view.least then view.at_least = view.at_least - 1 end
+  view.score[branch], view.changed[branch] = served or false, true
+  if served and (view.least or view.whole) then
+    if not view.least or served < view.least then
+      view.least, view.at_least = served, 1
+    elseif served == view.least then
+      view.at_least = view.at_least + 1
+    end
+  end
+  if view.least and view.at_least == 0 then view.least, view.whole = nil, false end
+end
+
 -- Which ticket the claim takes instead of the head `id` (its branch and priority given): the
 -- first queued ticket of equal priority of the waiting branch with the least service; the head
--- itself when its branch is served least (the caller skips this while one branch waits). Branches
--- are read from the least served up, at most PICK_SCAN of them, in one read that also gives the
--- head branch's own service when it is among them; one no longer waiting leaves the service set on
--- the way (its service is forgotten: it was at most the least, which a branch that waits again
--- gets). Returns the id and, for another ticket, its `fields` (`priority_at` indexes its priority).
-local function fair_pick(id, branch, priority, depth_key, service_key, prefix, fields, priority_at)
-  if not depth_key or not service_key or not branch then return id end
-  local lowest = redis.call('ZRANGE', service_key, 0, PICK_SCAN - 1, 'WITHSCORES')
-  if not lowest[1] or lowest[1] == branch then return id end
-  local own
-  for i = 3, #lowest, 2 do
-    if lowest[i] == branch then own = tonumber(lowest[i + 1]) end
-  end
+-- itself when its branch is served least (the caller skips this while one branch waits). `view` is
+-- the type's service (`service_view`): a head branch with the least service, or not in the set
+-- (lifted to the least), keeps the head without reading more. Else the branches are read from the
+-- least served up, at most PICK_SCAN of them; one no longer waiting leaves the service set on the
+-- way (its service is forgotten: it was at most the least, which a branch that waits again gets).
+-- Returns the id and, for another ticket, its `fields` (`priority_at` indexes its priority).
+local function fair_pick(id, branch, priority, depth_key, view, prefix, fields, priority_at)
+  if not depth_key or not view or not branch then return id end
+  if not view.least and not view.whole then read_least(view) end
+  if not view.least then return id end  -- nobody served yet
+  local own = service_of(view, branch)
   if not own then
-    own = redis.call('ZSCORE', service_key, branch)
-    if not own then
-      lift_to(service_key, branch, nil, lowest[2])
-      return id  -- lifted to the least: a tie, which the head wins
-    end
-    own = tonumber(own)
+    set_service(view, branch, lifted(own, view.least))
+    return id  -- lifted to the least: a tie, which the head wins
   end
-  if tonumber(lowest[2]) >= own then return id end
+  if own <= view.least then return id end
+  write_service(view)
+  local lowest = redis.call('ZRANGE', view.key, 0, PICK_SCAN - 1, 'WITHSCORES')
   for i = 1, #lowest, 2 do
     local other, served = lowest[i], tonumber(lowest[i + 1])
     if served >= own or other == branch then return id end
@@ -153,7 +217,8 @@ local function fair_pick(id, branch, priority, depth_key, service_key, prefix, f
     if other_id then
       if t[priority_at] == priority then return other_id, t end
     elseif redis.call('HEXISTS', depth_key, other) == 0 then
-      redis.call('ZREM', service_key, other)
+      view.score[other] = served
+      set_service(view, other, nil)
     end
   end
   return id
@@ -170,10 +235,10 @@ local function fairness_weights(at)
   return tonumber(ARGV[at]), tonumber(ARGV[at + 1]), weights, at + 3 + 2 * m
 end
 
--- Count a claimed ticket's weighted tokens to its branch's service.
-local function charge_service(service_key, branch, prompt, max_tokens, w_in, w_out, weights)
-  if service_key and branch then
+-- Count a claimed ticket's weighted tokens to its branch's service (`view`: the type's).
+local function charge_service(view, branch, prompt, max_tokens, w_in, w_out, weights)
+  if view and branch then
     local cost = weighted_tokens(prompt, max_tokens, w_in, w_out, weights[branch] or 1)
-    redis.call('ZINCRBY', service_key, cost, branch)
+    set_service(view, branch, (service_of(view, branch) or 0) + cost)
   end
 end

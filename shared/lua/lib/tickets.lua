@@ -67,14 +67,15 @@ end
 -- and queue under its type's `depth_key` and `tokens_key`, when the caller gives them with the
 -- ticket's branch and `weighted_tokens` field; the branch queue is lib/fairness.lua's). A caller
 -- taking many tickets in one call passes `later` to collect the ids instead of removing each from
--- the delayed and deadline sets, and removes them all at its end with `remove_all`.
+-- the pending, delayed and deadline sets, and removes them with `remove_all` (from the pending set
+-- before it reads that set again).
 local function unqueue(id, pending_key, delayed_key, deadlines_key, waiting_key, depth_key, tokens_key,
                        branch, weighted, later)
-  redis.call('ZREM', pending_key, id)
   if depth_key and branch then redis.call('ZREM', depth_key .. ':' .. branch, id) end
   if later then
     later[#later + 1] = id
   else
+    redis.call('ZREM', pending_key, id)
     redis.call('ZREM', delayed_key, id)
     redis.call('ZREM', deadlines_key, id)
   end
@@ -84,12 +85,18 @@ local function unqueue(id, pending_key, delayed_key, deadlines_key, waiting_key,
 end
 
 -- The retention spec every ending script gets from Python (shared/policy.py `retention_spec`):
--- "<done> <failed> <expired> <cancelled> <keep prompts 1|0>", seconds per outcome.
+-- "<done> <failed> <expired> <cancelled> <keep prompts 1|0>", seconds per outcome. Parsed once per
+-- script call (`retentions` keeps each spec's outcomes), not once per ticket ended.
+local retentions = {}
 local function retention_for(spec, status)
-  local done, failed, expired, cancelled, keep =
-    string.match(spec, '^(%d+) (%d+) (%d+) (%d+) ([01])$')
-  local seconds = ({done = done, failed = failed, expired = expired, cancelled = cancelled})[status]
-  return seconds, keep == '1'
+  local parsed = retentions[spec]
+  if not parsed then
+    local done, failed, expired, cancelled, keep =
+      string.match(spec, '^(%d+) (%d+) (%d+) (%d+) ([01])$')
+    parsed = {done = done, failed = failed, expired = expired, cancelled = cancelled, keep = keep == '1'}
+    retentions[spec] = parsed
+  end
+  return parsed[status], parsed.keep
 end
 
 -- End a ticket: stamp the terminal status, start its outcome's retention clock (dropping the
@@ -101,8 +108,7 @@ end
 -- `add_counts` to write once per outcome.
 local function finish_ticket(ticket_key, id, ticket_type, status, now, retention, error_text,
                              counts_key, outbox_key, batch)
-  local fields = {}
-  if batch and batch.set then fields = batch.set end
+  local fields = batch and batch.set or {}
   local n = #fields
   fields[n + 1], fields[n + 2], fields[n + 3], fields[n + 4] = 'status', status, 'finished_at', now
   fields[n + 5], fields[n + 6] = 'token', ''
@@ -135,9 +141,10 @@ local function add_counts(counts_key, counts)
   end
 end
 
--- Remove `ids` from the sorted set `key` in variadic ZREMs (a bounded number of arguments each).
-local function remove_all(key, ids)
-  for first = 1, #ids, 500 do
+-- Remove `ids` (from the `from`-th on, 1 when not given) from the sorted set `key` in variadic
+-- ZREMs (a bounded number of arguments each).
+local function remove_all(key, ids, from)
+  for first = from or 1, #ids, 500 do
     redis.call('ZREM', key, unpack(ids, first, math.min(first + 499, #ids)))
   end
 end
