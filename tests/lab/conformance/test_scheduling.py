@@ -259,8 +259,9 @@ def test_a_full_kv_cache_under_priority_preempts_the_lowest_priority_not_the_new
 ) -> None:
     """4 sequences of 380 + 260 tokens need 20 blocks of 128; the cache has 16. The first to arrive has
     priority 5, the three after it 0. vLLM's priority policy preempts the running sequence with the
-    largest (priority, arrival), where fcfs would take the newest: so the first one pauses longest and
-    ends last, and the three others run through."""
+    largest (priority, arrival), where fcfs would take the newest: so the first one is the one that
+    pauses longest. When it ends is not asserted: on a loaded machine one of the three can reach the
+    server after the preemption, run behind the other two and end after the paused one."""
     wait_idle(endpoint)
     preemptions = metric(endpoint, "vllm:num_preemptions_total")
     times: dict[int, list[float]] = {index: [] for index in range(endpoint.max_num_seqs)}
@@ -283,12 +284,10 @@ def test_a_full_kv_cache_under_priority_preempts_the_lowest_priority_not_the_new
         thread.join(timeout=200)
     assert all(times.values()), {index: len(chunks) for index, chunks in times.items()}
     assert metric(endpoint, "vllm:num_preemptions_total") > preemptions
-    ends = {index: chunks[-1] for index, chunks in times.items()}
     longest_pause = {
         index: max(later - earlier for earlier, later in itertools.pairwise(chunks))
         for index, chunks in times.items()
     }
-    assert ends[0] > max(ends[index] for index in ends if index != 0), ends
     assert longest_pause[0] == max(longest_pause.values()), longest_pause
 
 
