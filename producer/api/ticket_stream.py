@@ -25,7 +25,7 @@ from fastapi.responses import StreamingResponse
 from producer.api.context import ApiContext, Caller, Context
 from producer.api.errors import UNAUTHORIZED, api_error, error_responses
 from producer.api.openai.answers import SSE_HEADERS, TICKET_HEADER
-from producer.api.openai.hub import START_ID
+from producer.api.openai.hub import START_ID, entry_order
 from producer.api.openai.waiting import Ending, Event, Retry, TicketWait, Token, event_of
 from producer.api.routes_tickets import NOT_FOUND, TicketId, own_ticket
 from shared.live import LINGER_SECONDS
@@ -102,14 +102,9 @@ async def resume_point(context: ApiContext, ticket_id: str, last_event_id: str |
     named, first = await pipe.execute()
     if named:
         return last_event_id
-    if not first or _entry_order(last_event_id) < _entry_order(first[0][0]):
+    if not first or entry_order(last_event_id) < entry_order(first[0][0]):
         raise api_error(410, STREAM_GONE, code="stream_expired", param=LAST_EVENT_ID)
     raise api_error(404, UNKNOWN_EVENT, code="unknown_event_id", param=LAST_EVENT_ID)
-
-
-def _entry_order(entry_id: str) -> tuple[int, int]:
-    millis, _, sequence = entry_id.partition("-")
-    return int(millis), int(sequence)
 
 
 async def relay(context: ApiContext, ticket: Ticket, after: str) -> AsyncIterator[bytes]:

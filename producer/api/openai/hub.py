@@ -2,9 +2,15 @@
 
 A call waiting for its ticket registers a `LiveReader`; one task issues a single `XREAD BLOCK` over
 all registered live streams (they share the queue's hash tag, so this also holds on a Cluster) and
-hands each entry to its reader's asyncio queue. A waiting or streaming call therefore holds neither
+hands each entry to its readers' asyncio queues. A waiting or streaming call therefore holds neither
 a thread nor a Redis connection of its own. A new reader interrupts the blocked read by writing to
 this process's wake stream, which every read also watches.
+
+Several readers may follow one stream (a call waiting on a ticket and a stream of it, or a reader
+that came back before its dropped connection was noticed), each from its own entry: a stream is read
+from the earliest of its readers' positions, and a reply is handed to a reader only when the read
+started at or before that reader's position (a reader that joined while a read from further on was
+under way is served by the next read), each reader getting the entries after its own position.
 """
 
 from __future__ import annotations
@@ -34,6 +40,22 @@ IdEntry = tuple[str, Entry]
 """An entry with its stream id (what a server-sent event carries as its `id`)."""
 
 
+def entry_order(entry_id: str) -> tuple[int, int]:
+    """A stream entry id (`<millis>-<sequence>`) as what orders it."""
+    millis, _, sequence = entry_id.partition("-")
+    return int(millis), int(sequence)
+
+
+def entries_for(entries: list[IdEntry], position: str, read_from: str) -> list[IdEntry] | None:
+    """The entries of a reply, read after `read_from`, that a reader at `position` has not had; None
+    when the reply cannot serve it (the read started after its position: what lies between was not
+    read, and the next read, from its position, brings it)."""
+    at = entry_order(position)
+    if entry_order(read_from) > at:
+        return None
+    return [entry for entry in entries if entry_order(entry[0]) > at]
+
+
 class LiveReader:
     """The entries of one ticket's live stream, in order, from the one after `after`."""
 
@@ -60,13 +82,13 @@ class LiveHub:
         self.keys = keys
         self.block_ms = max(int(block_seconds * 1000), 1)
         self.wake_key = keys.api_wake(uuid.uuid4().hex[:12])
-        self._readers: dict[str, LiveReader] = {}
+        self._readers: dict[str, list[LiveReader]] = {}
         self._task: asyncio.Task[None] | None = None
         self._wakes: set[asyncio.Task[None]] = set()
 
     @property
     def readers(self) -> int:
-        return len(self._readers)
+        return sum(len(readers) for readers in self._readers.values())
 
     def start(self) -> None:
         if self._task is None:
@@ -89,7 +111,7 @@ class LiveHub:
         The wake-up is sent in the background: the caller's answer need not wait for it.
         """
         reader = LiveReader(self, self.keys.live(ticket_id), after)
-        self._readers[reader.key] = reader
+        self._readers.setdefault(reader.key, []).append(reader)
         task = asyncio.get_running_loop().create_task(self._wake())
         self._wakes.add(task)
         task.add_done_callback(self._wakes.discard)
@@ -105,16 +127,22 @@ class LiveHub:
             log.warning("could not wake the live hub: %s", exc)
 
     def forget(self, reader: LiveReader) -> None:
-        if self._readers.get(reader.key) is reader:
-            del self._readers[reader.key]
+        readers = self._readers.get(reader.key, [])
+        if reader in readers:
+            readers.remove(reader)
+        if not readers:
+            self._readers.pop(reader.key, None)
 
     async def _run(self) -> None:
         while True:
-            streams: dict[str, str] = {self.wake_key: "$"}
-            streams.update({key: reader.last_id for key, reader in self._readers.items()})
+            read_from = {
+                key: min((reader.last_id for reader in readers), key=entry_order)
+                for key, readers in self._readers.items()
+            }
             try:
+                streams: dict[str, str] = {self.wake_key: "$", **read_from}
                 reply = await self.redis.xread(streams, count=ENTRIES_PER_READ, block=self.block_ms)  # type: ignore[arg-type]
-                self._dispatch(reply or [])
+                self._dispatch(reply or [], read_from)
             except redis.RedisError as exc:
                 log.warning("live hub read failed (%s); waiting calls fall back to the ticket", exc)
                 await asyncio.sleep(ERROR_PAUSE_SECONDS)
@@ -122,11 +150,13 @@ class LiveHub:
                 log.exception("live hub read failed unexpectedly; reading on")
                 await asyncio.sleep(ERROR_PAUSE_SECONDS)
 
-    def _dispatch(self, reply: list[tuple[str, list[tuple[str, Entry]]]]) -> None:
+    def _dispatch(self, reply: list[tuple[str, list[IdEntry]]], read_from: dict[str, str]) -> None:
         for key, entries in reply:
-            reader = self._readers.get(key)
-            if reader is None or not entries:
+            if key not in read_from:  # the wake stream, or a stream whose readers all left
                 continue
-            reader.last_id = entries[-1][0]
-            for entry in entries:
-                reader.entries.put_nowait(entry)
+            for reader in self._readers.get(key, []):
+                fresh = entries_for(entries, reader.last_id, read_from[key])
+                if fresh:
+                    reader.last_id = fresh[-1][0]
+                    for entry in fresh:
+                        reader.entries.put_nowait(entry)
