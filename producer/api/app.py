@@ -10,9 +10,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import APIRouter, FastAPI
 from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
+from starlette.routing import Mount
 
 from producer.api import routes_ops, routes_tickets, ticket_stream
 from producer.api.auth import Authenticator
@@ -20,13 +21,14 @@ from producer.api.body_size import BodySizeLimit
 from producer.api.context import ApiContext
 from producer.api.docs import install_docs
 from producer.api.errors import install_error_handlers
-from producer.api.http_metrics import instrument, time_answers
+from producer.api.http_metrics import HttpMetricFamilies, HttpMetrics
 from producer.api.keys import ApiKeyStore
 from producer.api.metrics_access import MetricsPort
 from producer.api.openai import routes as openai_routes
 from producer.api.openai.hub import READ_TIMEOUT_SECONDS as HUB_READ_TIMEOUT_SECONDS
 from producer.api.openai.hub import LiveHub
 from producer.api.openai.models import ModelCatalog
+from producer.api.shed_shortcut import PATH as SHED_SHORTCUT_PATH
 from producer.api.shed_shortcut import ShedShortcut, ShedShortcutMiddleware
 from producer.api.tracing_middleware import TracingMiddleware
 from producer.api.ui import routes as routes_ui
@@ -123,15 +125,26 @@ def create_app(
     app.include_router(routes_ui.router)
     app.mount("/ui/static", routes_ui.static_files, name="ui-static")
     if shed_shortcut:
-        app.state.shed_shortcut = ShedShortcut(context)
+        app.state.shed_shortcut = ShedShortcut(
+            context, route=_route(routes_tickets.router, "POST", SHED_SHORTCUT_PATH)
+        )
         app.add_middleware(ShedShortcutMiddleware, shortcut=app.state.shed_shortcut)
     app.add_middleware(BodySizeLimit, max_bytes=settings.api_max_body_bytes)
-    instrument(app, context.registry)
     if tracing.enabled() or tracing.configure_tracing("tidegate-api"):
         app.add_middleware(TracingMiddleware)
-    time_answers(app, context.registry)
+    mounts = tuple(route.path for route in app.routes if isinstance(route, Mount))
+    app.add_middleware(HttpMetrics, families=HttpMetricFamilies(context.registry), mounts=mounts)  # outermost
     _document_policy(app, settings.policy)
     return app
+
+
+def _route(router: APIRouter, method: str, path: str) -> APIRoute:
+    """The route of `router` that answers `method path`."""
+    return next(
+        route
+        for route in router.routes
+        if isinstance(route, APIRoute) and route.path == path and method in (route.methods or ())
+    )
 
 
 def _document_policy(app: FastAPI, policy: Policy) -> None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 from starlette.requests import Request
+from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from producer.api.context import ApiContext
@@ -32,9 +33,11 @@ ROUTE_ONLY_HEADERS = b"x-tidegate-"
 
 @dataclass
 class ShedShortcut:
-    """The shortcut's state: the API's context, and how many answers it gave (for tests and logs)."""
+    """The shortcut's state: the API's context, the route it answers for (its template labels the
+    answer's metrics as the route's would be), and how many answers it gave (for tests and logs)."""
 
     context: ApiContext
+    route: BaseRoute
     answered: int = 0
 
     def applies(self, scope: Scope) -> bool:
@@ -92,6 +95,7 @@ class ShedShortcutMiddleware:
         except Exception as exc:  # Redis trouble: the same 503 the route's handlers give
             response = await error_answer(Request(scope), exc)
         self.shortcut.answered += 1
+        scope["route"] = self.shortcut.route
         await response(scope, receive, send)
 
 

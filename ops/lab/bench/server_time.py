@@ -1,6 +1,6 @@
 """The API's own answer time for one status class, read from its /metrics between two moments.
 
-The API times every answer inside the server (producer/api/answer_timing.py); a bench phase's share
+The API times every answer inside the server (producer/api/http_metrics.py); a bench phase's share
 is the difference of two scrapes of the histogram, and its quantile is interpolated within the
 bucket that holds it, as Prometheus's `histogram_quantile` does (so it is only as fine as the
 buckets around it).
@@ -13,7 +13,7 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from producer.api.answer_timing import ANSWER_SECONDS
+from producer.api.http_metrics import ANSWER_SECONDS
 
 Buckets = dict[float, float]
 """Upper bound (seconds, +Inf last) → cumulative count."""

@@ -1,13 +1,14 @@
-"""The API's answer-time histogram: every answer counted once, in its status class, 429 apart."""
+"""The API's HTTP metrics: every answer counted once, in its status class (429 apart) and under its route."""
 
 from __future__ import annotations
 
 import pytest
 import requests
+from fastapi.routing import APIRoute
 from prometheus_client.parser import text_string_to_metric_families
 from redis import Redis
 
-from producer.api.answer_timing import ANSWER_SECONDS, status_class
+from producer.api.http_metrics import ANSWER_SECONDS, handler_of, status_class
 from tests.producer.api.conftest import Api, publish_alarm
 
 COMPLAINT = {"type": "complaint", "prompt": "My card was charged twice."}
@@ -41,3 +42,12 @@ def test_each_answer_is_timed_in_its_class(api: Api, branch_key: str, redis_clie
     after = answer_counts(api)
     grown = {name: after.get(name, 0.0) - before.get(name, 0.0) for name in after}
     assert grown == {"2xx": 1, "3xx": 0, "4xx": 1, "429": 2, "5xx": 0}  # the scrapes are not timed
+
+
+def test_the_handler_is_the_matched_routes_template_or_the_mount_or_none() -> None:
+    route = APIRoute("/v1/tickets/{ticket_id}", lambda ticket_id: None)
+    mounts = ("/ui/static",)
+    assert handler_of({"route": route, "path": "/v1/tickets/t1"}, mounts) == "/v1/tickets/{ticket_id}"
+    assert handler_of({"path": "/ui/static/ui.css"}, mounts) == "/ui/static"
+    assert handler_of({"path": "/ui/staticky"}, mounts) == "none"
+    assert handler_of({"path": "/wp-login.php"}, mounts) == "none"  # a scan shares one series
