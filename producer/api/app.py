@@ -139,12 +139,13 @@ def create_app(
 
 
 def _route(router: APIRouter, method: str, path: str) -> APIRoute:
-    """The route of `router` that answers `method path`."""
-    return next(
+    """The route of `router` that answers `method path` (a ValueError at start-up if not one)."""
+    (route,) = [
         route
         for route in router.routes
         if isinstance(route, APIRoute) and route.path == path and method in (route.methods or ())
-    )
+    ]
+    return route
 
 
 def _document_policy(app: FastAPI, policy: Policy) -> None:
