@@ -14,6 +14,16 @@ local function token_units(weighted)
   return nil
 end
 
+-- A field name longer than Redis's default `hash-max-listpack-value`: written to a branch hash and
+-- deleted at once when the hash is made, it turns the hash into a hash table, which Redis never turns
+-- back into a listpack. A type's branch hashes hold a field per waiting branch, hundreds of them: in
+-- a listpack each lookup scans them all, in a hash table it is one probe.
+local HASH_TABLE_FIELD = string.rep('~', 128)
+local function as_hash_table(key)
+  redis.call('HSET', key, HASH_TABLE_FIELD, '')
+  redis.call('HDEL', key, HASH_TABLE_FIELD)
+end
+
 -- Count one more (delta 1) or one fewer (-1) queued ticket of `branch` of a type: the branch depth
 -- hash counts its tickets, the branch tokens hash (`tokens_key`) their weighted tokens (`weighted`:
 -- the ticket's `weighted_tokens` field, written once at admission, so a ticket takes out exactly
@@ -22,12 +32,20 @@ end
 -- outlives the tickets it counted.
 local function count_branch(depth_key, tokens_key, branch, delta, weighted)
   if not depth_key or not branch then return end
-  if redis.call('HINCRBY', depth_key, branch, delta) <= 0 then
+  local held = redis.call('HINCRBY', depth_key, branch, delta)
+  if held <= 0 then
     redis.call('HDEL', depth_key, branch)
     if tokens_key then redis.call('HDEL', tokens_key, branch) end
-  elseif tokens_key then
+    return
+  end
+  if tokens_key then
     local units = token_units(weighted)
     if units then redis.call('HINCRBY', tokens_key, branch, delta * units) end
+  end
+  if held == delta and redis.call('HLEN', depth_key) == 1 then
+    -- The hashes were just made (this branch is their only one).
+    as_hash_table(depth_key)
+    if tokens_key then as_hash_table(tokens_key) end
   end
 end
 

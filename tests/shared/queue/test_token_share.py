@@ -324,3 +324,21 @@ def test_the_branch_counts_return_to_zero_whichever_way_tickets_leave(
 
     keys = producer.queue.keys
     assert redis_client.exists(keys.branch_depth("complaint"), keys.branch_tokens("complaint")) == 0
+
+
+def test_the_branch_hashes_are_hash_tables_from_their_first_ticket(
+    redis_client: Redis, policy: Policy, queue_name: str
+) -> None:
+    """A type's branch hashes hold a field per waiting branch, hundreds of them at a bank: kept as a
+    listpack (Redis's small encoding, up to `hash-max-listpack-entries` fields) every count a claim
+    or a submission makes would scan them all. They are made hash tables when their first branch
+    arrives, again after they empty, and the field that converts them is gone at once."""
+    producer = _producer(redis_client, _policy(policy), queue_name)
+    keys = producer.queue.keys
+    hashes = (keys.branch_depth("complaint"), keys.branch_tokens("complaint"))
+    for _ in range(2):
+        ticket_id = producer.submit(_request("0412", SHORT_PROMPT)).ticket_id
+        assert [redis_client.object("encoding", key) for key in hashes] == ["hashtable", "hashtable"]
+        assert _counts(redis_client, producer).keys() == {"0412"}
+        assert producer.queue.cancel(ticket_id) == "queued"
+        assert redis_client.exists(*hashes) == 0
