@@ -5,9 +5,12 @@ SLO, so while critical answers are finishing their run times judge the batch: th
 of recent ones, each over the share of its own type's SLO the run may use (the rest is the wait in
 Redis and the client's poll). Above 1 the throttle cuts what is in force by a quarter; well within
 its allowance it grows by a quarter of the distance to capacity (a sawtooth of one slot per verdict
-held a surge's batch at half its slots); in between it holds. Each verdict is drawn from answers
-that ran under the ceiling the previous verdict left. With no critical answer within the horizon
-there is nothing to protect and nothing to judge by: the throttle is not in force.
+held a surge's batch at half its slots) until it is back at the level its last cut fell to, and from
+there a slot per verdict: the level where answers last ran late is approached by probing, not
+leapt past (a leap there put loans past their SLO before the next verdict could cut it); in between
+it holds. Each verdict is drawn from answers that ran under the ceiling the previous verdict left.
+With no critical answer within the horizon there is nothing to protect and nothing to judge by: the
+throttle is not in force.
 """
 
 from __future__ import annotations
@@ -52,6 +55,8 @@ class Throttle:
         self._new = 0
         self._last_at: float | None = None
         self._ceiling: int | None = None
+        self._cut_from: int | None = None
+        """The ceiling the last cut was made from: at or above the level it fell to, growth is a slot."""
         self.pressure: float | None = None
         """The last verdict's p90 over the allowance (1 = at it); None before the first."""
 
@@ -72,7 +77,7 @@ class Throttle:
         capacity no longer binds. A due verdict is applied here."""
         with self._lock:
             if self._last_at is None or self._now() - self._last_at > HORIZON_SECONDS:
-                self._ceiling = None
+                self._ceiling = self._cut_from = None
                 return None
             before = capacity if self._ceiling is None else min(self._ceiling, capacity)
             pressure = None
@@ -81,10 +86,14 @@ class Throttle:
                 ordered = sorted(self._recent)
                 pressure = self.pressure = ordered[int(0.9 * (len(ordered) - 1))]
                 if pressure > 1.0:
+                    self._cut_from = before
                     self._ceiling = max(self.floor, int(before * SHRINK_FACTOR))
                     self._recent.clear()  # judge the cut by answers that ran under it
                 elif pressure < GROW_BELOW and self._ceiling is not None:
-                    grown = before + max(1, math.ceil((capacity - before) * GROW_SHARE))
+                    step = max(1, math.ceil((capacity - before) * GROW_SHARE))
+                    if self._cut_from is not None and before >= self._cut_from * SHRINK_FACTOR:
+                        step = 1  # back where answers ran late last time: probe, do not leap
+                    grown = before + step
                     self._ceiling = None if grown >= capacity else grown
             after = capacity if self._ceiling is None else min(self._ceiling, capacity)
         if pressure is not None and after != before:

@@ -76,6 +76,8 @@ def test_an_endpoint_failing_the_second_queue_opens_its_breaker_not_the_firsts(
             10,
             "the second queue's circuit to open",
         )
+        # What b had in flight when its circuit opened ends (failed and back in b, or answered).
+        wait_until(lambda: second.stats().inflight == 0, 10, "b's tickets in flight at the opening to end")
         assert first_store.read(endpoint).phase(time.time()) is Phase.CLOSED
         assert not [e for e in read_events(redis_client, first.keys, 50) if e["kind"] == "breaker"]
         assert any(e["kind"] == "breaker" for e in read_events(redis_client, second.keys, 50))

@@ -49,7 +49,19 @@ def test_loans_well_within_it_take_back_a_quarter_of_the_distance_to_capacity() 
     for _ in range(4):
         feed(throttle, 0.5)
         grown.append(throttle.ceiling(32))
-    assert grown == [15, 20, 23, 26]
+    assert grown == [15, 16, 17, 18], "a leap back, then a slot a verdict above the last cut's level"
+
+
+def test_a_cut_from_near_capacity_is_approached_a_slot_at_a_time() -> None:
+    clock = Clock()
+    throttle = Throttle(32, now=clock)
+    feed(throttle, 1.5)
+    assert throttle.ceiling(32) == 24  # cut from 32: within a quarter of it already
+    grown = []
+    for _ in range(4):
+        feed(throttle, 0.5)
+        grown.append(throttle.ceiling(32))
+    assert grown == [25, 26, 27, 28]
 
 
 def test_between_the_marks_it_holds_and_a_verdict_needs_enough_new_answers() -> None:
