@@ -5,10 +5,10 @@ SLO, so while critical answers are finishing their run times judge the batch: th
 of recent ones, each over the share of its own type's SLO the run may use (the rest is the wait in
 Redis and the client's poll). Above 1 the throttle cuts what is in force by a quarter; well within
 its allowance it grows by a quarter of the distance to capacity (a sawtooth of one slot per verdict
-held a surge's batch at half its slots) until it is back at the level its last cut fell to, and from
-there a slot per verdict: the level where answers last ran late is approached by probing, not
-leapt past (a leap there put loans past their SLO before the next verdict could cut it); in between
-it holds. Each verdict is drawn from answers that ran under the ceiling the previous verdict left.
+held a surge's batch at half its slots) until it is back at three quarters of the ceiling its last
+cut was made from, and from there a slot per verdict: the level where answers last ran late is
+approached by probing, not leapt past (a leap there put loans past their SLO before the next verdict
+could cut it); in between it holds. Each verdict is drawn from answers that ran under the ceiling the previous verdict left.
 With no critical answer within the horizon there is nothing to protect and nothing to judge by: the
 throttle is not in force.
 """
@@ -56,7 +56,7 @@ class Throttle:
         self._last_at: float | None = None
         self._ceiling: int | None = None
         self._cut_from: int | None = None
-        """The ceiling the last cut was made from: at or above the level it fell to, growth is a slot."""
+        """The ceiling the last cut was made from: from three quarters of it up, growth is a slot a verdict."""
         self.pressure: float | None = None
         """The last verdict's p90 over the allowance (1 = at it); None before the first."""
 

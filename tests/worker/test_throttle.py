@@ -49,14 +49,16 @@ def test_loans_well_within_it_take_back_a_quarter_of_the_distance_to_capacity() 
     for _ in range(4):
         feed(throttle, 0.5)
         grown.append(throttle.ceiling(32))
-    assert grown == [15, 16, 17, 18], "a leap back, then a slot a verdict above the last cut's level"
+    assert grown == [15, 16, 17, 18], (
+        "a leap past three quarters of 13 (the last cut's ceiling), then a slot a verdict"
+    )
 
 
 def test_a_cut_from_near_capacity_is_approached_a_slot_at_a_time() -> None:
     clock = Clock()
     throttle = Throttle(32, now=clock)
     feed(throttle, 1.5)
-    assert throttle.ceiling(32) == 24  # cut from 32: within a quarter of it already
+    assert throttle.ceiling(32) == 24  # cut from 32 to three quarters of it: probing from here
     grown = []
     for _ in range(4):
         feed(throttle, 0.5)
