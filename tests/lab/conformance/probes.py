@@ -69,6 +69,16 @@ def waiting(endpoint: Endpoint) -> float:
     return metric(endpoint, "vllm:num_requests_waiting")
 
 
+def queue_gauges(endpoint: Endpoint) -> tuple[float, float]:
+    """Running and waiting requests from one scrape, so the two describe the same moment."""
+    samples = scrape(endpoint)
+
+    def total(name: str) -> float:
+        return sum(sample.value for sample in samples.get(name, []))
+
+    return total("vllm:num_requests_running"), total("vllm:num_requests_waiting")
+
+
 def wait_idle(endpoint: Endpoint, timeout_s: float = 60.0) -> None:
     """Wait until nothing runs or waits, so counters and queue order belong to the test alone."""
     wait_until(lambda: running(endpoint) == 0 and waiting(endpoint) == 0, timeout_s, "an idle server")

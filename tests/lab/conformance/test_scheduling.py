@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from tests.lab.conformance.probes import (
     metric,
     post,
     prompt_ids,
+    queue_gauges,
     running,
     wait_idle,
     waiting,
@@ -37,24 +39,57 @@ def long_body(endpoint: Endpoint, seed: str, max_tokens: int, **extra: Any) -> d
     return {"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True} | extra
 
 
+CAP_ROUNDS = 3
+
+
+@pytest.mark.timeout(600)
 def test_the_batch_holds_max_num_seqs_and_the_rest_wait(endpoint: Endpoint) -> None:
+    """Two more streams than `max_num_seqs`, sent at once: the batch holds its cap and two wait.
+
+    The state lasts only until the first of the batch ends (each fits the cache, so none is
+    preempted). CI once sent the six one after another on a loaded machine and never saw it within
+    30 s, so they are sent together, both gauges are read from one scrape, and a round in which a
+    stream ended before the state was seen proves nothing and another is tried. More running than
+    the cap fails at once.
+    """
+    set_aside: list[str] = []
+    for number in range(1, CAP_ROUNDS + 1):
+        outcome = cap_round(endpoint, number)
+        if outcome is None:
+            return
+        set_aside.append(outcome)
+    pytest.fail("no round saw the batch full with two waiting: " + "; ".join(set_aside))
+
+
+def cap_round(endpoint: Endpoint, number: int) -> str | None:
+    """None when the cap was seen held with the rest waiting, else why the round proves nothing."""
     wait_idle(endpoint)
     extra = 2
-    streams = [
-        OpenStream(endpoint, long_body(endpoint, f"cap-{i}", 600))
-        for i in range(endpoint.max_num_seqs + extra)
+    bodies = [
+        long_body(endpoint, f"cap-{number}-{i}", BUSY_TOKENS) for i in range(endpoint.max_num_seqs + extra)
     ]
+    with ThreadPoolExecutor(max_workers=len(bodies)) as pool:
+        streams = list(pool.map(lambda body: OpenStream(endpoint, body), bodies))
+    ended = [stream.drain_in_background() for stream in streams]
+    full = (float(endpoint.max_num_seqs), float(extra))
+    seen: list[tuple[float, float]] = []
     try:
-        wait_until(
-            lambda: running(endpoint) == endpoint.max_num_seqs and waiting(endpoint) == extra,
-            30,
-            f"{endpoint.max_num_seqs} running and {extra} waiting",
-        )
+
+        def full_or_ended() -> bool:
+            gauges = queue_gauges(endpoint)
+            assert gauges[0] <= endpoint.max_num_seqs, f"{gauges[0]:g} running, cap {endpoint.max_num_seqs}"
+            seen.append(gauges)
+            return gauges == full or any(event.is_set() for event in ended)
+
+        wait_until(full_or_ended, 60, "the batch full or a stream ended")
+        if full in seen:
+            return None
+        return f"round {number}: a stream ended first (seen running/waiting {sorted(set(seen))[-3:]})"
     finally:
         for stream in streams:
             stream.close()
-    # Hanging up drops running and waiting requests alike.
-    wait_until(lambda: running(endpoint) == 0 and waiting(endpoint) == 0, 5, "every request aborted")
+        # Hanging up drops running and waiting requests alike.
+        wait_until(lambda: queue_gauges(endpoint) == (0, 0), 5, "every request aborted")
 
 
 PRIORITY_ARRIVALS = [5, 1, 3, -2, 4, 2]
