@@ -174,6 +174,12 @@ def overload_command(
         help="tight: --kv-blocks in crash-on-OOM mode; ample: the GPU's whole KV cache in preempt mode, "
         "so no arm can crash it",
     ),
+    peer_slots: int | None = typer.Option(
+        None,
+        "--peer-slots",
+        help="requests each peer gateway sends one GPU at once (SMG's max_running_requests, LiteLLM's "
+        "max_parallel_requests) [tidegate's worker batch]",
+    ),
     as_json: bool = typer.Option(False, "--json", help="print results.json's summary instead of the table"),
 ) -> None:
     """tidegate beside the arms named by --system, each under the same seeded overload on fresh simulators."""
@@ -207,6 +213,7 @@ def overload_command(
         "systems": _systems(system, baseline),
         "ramp_s": ramp,
         "memory": memory,
+        "peer_slots": peer_slots,
     }
     if duration is not None:
         values["duration_s"] = duration

@@ -21,7 +21,7 @@ from ops.lab.bench.figures import Books
 from ops.lab.bench.open_loop import OpenLoopPlayer, OpenLoopSettings, RequestShape
 from ops.lab.bench.peers.litellm import MODEL_GROUP, LitellmGateway, litellm_command
 from ops.lab.bench.peers.smg import PRIORITY_HEADER, SmgGateway, smg_class, smg_command
-from ops.lab.bench.scenario import split_by_branch
+from ops.lab.bench.scenario import OverloadScenario, split_by_branch
 from ops.lab.bench.sim_probe import served_model
 from ops.lab.bench.systems import (
     HARNESS,
@@ -55,8 +55,13 @@ def engine_priority(policy: Policy, arrival: PlannedArrival) -> int:
 
 
 def worker_batch() -> int:
-    """The batch tidegate's worker keeps in flight by default: SMG gets the same slots per GPU."""
+    """The batch tidegate's worker keeps in flight by default: a peer's slots per GPU unless set."""
     return int(WorkerConfig.model_fields["max_batch"].default)
+
+
+def peer_slots(scenario: OverloadScenario) -> int:
+    """Requests a peer gateway sends one GPU at once: `--peer-slots`, else tidegate's worker batch."""
+    return scenario.peer_slots or worker_batch()
 
 
 class PeerRunner:
@@ -92,7 +97,7 @@ class PeerRunner:
     def smg(self, plan: Sequence[PlannedArrival]) -> SystemRun:
         s = self.setup.scenario
         executable = smg_command(self.setup.progress)
-        batch = worker_batch()
+        batch = peer_slots(s)
         self.setup.progress(
             f"smg: {s.gpus} simulator(s) in {s.oom_mode} mode behind SMG's priority scheduler "
             f"(peers/smg.yaml), each registered with max_running_requests={batch}"
@@ -117,7 +122,7 @@ class PeerRunner:
     def litellm(self, plan: Sequence[PlannedArrival]) -> SystemRun:
         s = self.setup.scenario
         executable = litellm_command(self.setup.progress)
-        batch = worker_batch()
+        batch = peer_slots(s)
         self.setup.progress(
             f"litellm: {s.gpus} simulator(s) in {s.oom_mode} mode behind the LiteLLM proxy, each deployment "
             f"capped at max_parallel_requests={batch} (a concurrency cap answering 429, no priority order)"

@@ -74,6 +74,10 @@ class OverloadScenario:
     """Seconds from normal load to the surge (and back); 0 is a step; None: 5% of the run (12 s in 240)."""
     memory: str = "tight"
     """A name from `MEMORY_SETTINGS`."""
+    peer_slots: int | None = None
+    """Requests a peer gateway sends one GPU at once (SMG's `max_running_requests`, LiteLLM's
+    `max_parallel_requests`); None: tidegate's worker batch. A peer blind to KV memory may need
+    fewer than the batch to keep a tight GPU alive, so its best setting is searched, not assumed."""
 
     def __post_init__(self) -> None:
         checks = {
@@ -118,6 +122,11 @@ class OverloadScenario:
             ),
             "--memory": (self.memory in MEMORY_SETTINGS, self.memory, " or ".join(MEMORY_SETTINGS)),
             "--max-num-seqs": (1 <= self.max_num_seqs <= 1024, self.max_num_seqs, "1 to 1024"),
+            "--peer-slots": (
+                self.peer_slots is None or 1 <= self.peer_slots <= 1024,
+                self.peer_slots,
+                "1 to 1024",
+            ),
         }
         for flag, (ok, value, accepted) in checks.items():
             if not ok:

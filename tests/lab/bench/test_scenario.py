@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from ops.lab.bench.peer_runs import peer_slots, worker_batch
 from ops.lab.bench.scenario import OverloadScenario, split_by_branch
 from ops.lab.traffic.workload import plan_arrivals
 
@@ -69,3 +70,10 @@ def test_memory_settings_and_arms_are_checked_and_set_the_simulators() -> None:
         OverloadScenario(systems=("tidegate", "vllm"))
     with pytest.raises(ValueError, match=r"--system=smg,smg is not accepted"):
         OverloadScenario(systems=("smg", "smg"))
+
+
+def test_a_peer_gets_the_worker_batch_unless_its_slots_are_set() -> None:
+    assert peer_slots(OverloadScenario()) == worker_batch()
+    assert peer_slots(OverloadScenario(peer_slots=12)) == 12
+    with pytest.raises(ValueError, match=r"--peer-slots=0 is not accepted; use 1 to 1024"):
+        OverloadScenario(peer_slots=0)
