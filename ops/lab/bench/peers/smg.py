@@ -26,6 +26,11 @@ CLASS_BY_TYPE = {"loan_approval": "interactive", "complaint": "default", "archiv
 """The scheduler class of each ticket type of the default policy; see smg.yaml for why."""
 PRIORITY_HEADER = "x-smg-priority"
 READY_TIMEOUT_S = 30.0
+BREAKER_PROBE_S = 5
+"""Seconds before SMG's circuit breaker lets a request try a worker it opened on. Its default of 60
+outlasted a crashed simulator's restart (90 model seconds, 22.5 s at time scale 4) and left SMG
+answering 503 `no_available_workers` for most of a tight run after each crash: an operator would set
+it to the engine's restart time, and a few seconds keeps the gap after a restart short."""
 
 
 def smg_command(progress: Callable[[str], None] = lambda line: None) -> Path:
@@ -68,6 +73,8 @@ class SmgGateway:
             "interactive",
             "--disable-tokenizer-autoload",
             "--disable-retries",
+            "--cb-timeout-duration-secs",
+            str(BREAKER_PROBE_S),
             "--log-level",
             "warn",
         ]
