@@ -8,9 +8,9 @@ its allowance it grows by a quarter of the distance to capacity (a sawtooth of o
 held a surge's batch at half its slots) until it is back at three quarters of the ceiling its last
 cut was made from, and from there a slot per verdict: the level where answers last ran late is
 approached by probing, not leapt past (a leap there put loans past their SLO before the next verdict
-could cut it); in between it holds. Each verdict is drawn from answers that ran under the ceiling the previous verdict left.
-With no critical answer within the horizon there is nothing to protect and nothing to judge by: the
-throttle is not in force.
+could cut it); in between it holds. Each verdict is drawn from answers that ran under the ceiling
+the previous verdict left. With no critical answer within the horizon there is nothing to protect
+and nothing to judge by: the throttle is not in force.
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ def test_loans_past_their_allowance_cut_it_by_a_quarter_down_to_the_floor() -> N
     assert throttle.pressure == pytest.approx(1.3)
 
 
-def test_loans_well_within_it_take_back_a_quarter_of_the_distance_to_capacity() -> None:
+def test_loans_well_within_it_take_back_a_quarter_of_the_distance_then_probe_a_slot_at_a_time() -> None:
     clock = Clock()
     throttle = Throttle(32, now=clock)
     for _ in range(4):

@@ -81,7 +81,7 @@ def queue_gauges(endpoint: Endpoint) -> tuple[float, float]:
 
 def wait_idle(endpoint: Endpoint, timeout_s: float = 60.0) -> None:
     """Wait until nothing runs or waits, so counters and queue order belong to the test alone."""
-    wait_until(lambda: running(endpoint) == 0 and waiting(endpoint) == 0, timeout_s, "an idle server")
+    wait_until(lambda: queue_gauges(endpoint) == (0, 0), timeout_s, "an idle server")
 
 
 def prompt_ids(seed: str, length: int, vocab: int) -> list[int]:
