@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
@@ -12,6 +13,9 @@ from rich.table import Table
 
 from shared.cli_support import fail, load_settings, print_json
 from shared.redis_conn import RedisUnavailable, resolve_redis_url
+
+if TYPE_CHECKING:
+    from ops.lab.bench.scenario import OverloadScenario
 
 app = typer.Typer(
     add_completion=False, help="Benchmarks: overload scenario, queue speed and the OpenAI front door."
@@ -230,16 +234,8 @@ def overload_command(
     except RedisStartError as exc:
         fail(str(exc))
     errors.print(f"Redis: {redis.describe()}; results in {folder}", highlight=False)
-    command = (
-        "tidegate bench overload"
-        + (" --quick" if quick else "")
-        + (f" --duration {duration:g}" if duration is not None else "")
-        + f" --surge {surge:g}"
-        + (f" --ramp {ramp:g}" if ramp is not None else "")
-        + f" --memory {memory} --time-scale {time_scale:g} --system {','.join(scenario.systems)}"
-        + (f" --client {client}" if client != "tickets" else "")
-        + "".join(f" --worker-option={option}" for option in worker_option or ())
-        + "".join(f" --ablate {name}" for name in ablate or ())
+    command = overload_command_line(
+        scenario, quick=quick, duration=duration, worker_options=worker_option or (), ablate=ablate or ()
     )
     bench = OverloadBench(
         scenario,
@@ -264,6 +260,30 @@ def overload_command(
         print_result(console if console.is_terminal else Console(width=150), result)
     if not result.accounting_holds:
         raise typer.Exit(1)
+
+
+def overload_command_line(
+    scenario: OverloadScenario,
+    *,
+    quick: bool,
+    duration: float | None,
+    worker_options: Sequence[str],
+    ablate: Sequence[str],
+) -> str:
+    """The command that reruns `scenario`, as results.json and the report quote it."""
+    return (
+        "tidegate bench overload"
+        + (" --quick" if quick else "")
+        + (f" --duration {duration:g}" if duration is not None else "")
+        + f" --surge {scenario.surge_load:g}"
+        + (f" --ramp {scenario.ramp_s:g}" if scenario.ramp_s is not None else "")
+        + f" --memory {scenario.memory} --time-scale {scenario.time_scale:g}"
+        + f" --system {','.join(scenario.systems)}"
+        + (f" --client {scenario.client}" if scenario.client != "tickets" else "")
+        + (f" --peer-slots {scenario.peer_slots}" if scenario.peer_slots is not None else "")
+        + "".join(f" --worker-option={option}" for option in worker_options)
+        + "".join(f" --ablate {name}" for name in ablate)
+    )
 
 
 @app.command("gateway")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from ops.lab.bench.cli import overload_command_line
 from ops.lab.bench.peer_runs import peer_slots, worker_batch
 from ops.lab.bench.scenario import OverloadScenario, split_by_branch
 from ops.lab.traffic.workload import plan_arrivals
@@ -77,3 +78,25 @@ def test_a_peer_gets_the_worker_batch_unless_its_slots_are_set() -> None:
     assert peer_slots(OverloadScenario(peer_slots=12)) == 12
     with pytest.raises(ValueError, match=r"--peer-slots=0 is not accepted; use 1 to 1024"):
         OverloadScenario(peer_slots=0)
+
+
+def test_the_quoted_command_reruns_the_scenario_with_the_peers_slots() -> None:
+    scenario = OverloadScenario(
+        surge_load=3.0,
+        ramp_s=12.0,
+        memory="tight",
+        time_scale=2.0,
+        peer_slots=16,
+        systems=("tidegate", "smg"),
+    )
+    line = overload_command_line(
+        scenario, quick=False, duration=None, worker_options=("--max-batch=16",), ablate=("preemption",)
+    )
+    assert line == (
+        "tidegate bench overload --surge 3 --ramp 12 --memory tight --time-scale 2 --system tidegate,smg"
+        " --peer-slots 16 --worker-option=--max-batch=16 --ablate preemption"
+    )
+    default = overload_command_line(OverloadScenario(), quick=True, duration=40, worker_options=(), ablate=())
+    assert "--peer-slots" not in default and default.startswith(
+        "tidegate bench overload --quick --duration 40"
+    )
