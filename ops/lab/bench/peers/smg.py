@@ -4,7 +4,8 @@ SMG is a lab extra (see `venv.py`): the bench installs it on first use into a vi
 and runs its `smg launch` command from there. The gateway binds 127.0.0.1 on free ports, runs its opt-in
 priority scheduler with `peers/smg.yaml`, and gets each simulator registered with `POST /workers` and
 a `max_running_requests` label: `--peer-slots`, else tidegate's worker batch (otherwise it counts 64
-slots)."""
+slots).
+"""
 
 from __future__ import annotations
 
