@@ -192,25 +192,6 @@ class AdmissionController:
             return None
         return self._verdict(request, circuit[1], state[1])
 
-    def refusing_cached(self) -> bool:
-        """Whether the cached state, while fresh, refuses some ticket type by `shed_rule` (or every
-        type, the circuit being open): cheap enough to ask for every request, so the API tries its
-        shed shortcut only while shedding."""
-        now = time.monotonic()
-        with self._lock:
-            state, circuit = self._cached, self._circuit
-        if state is None or circuit is None:
-            return False
-        if now - state[0] >= self.cache_seconds or now - circuit[0] >= self.cache_seconds:
-            return False
-        if circuit[1] is not None:
-            return True
-        with self._lock:
-            capped = list(self._capped.values())
-        if any(clock.monotonic() - seen < self.cache_seconds for seen in capped):
-            return True
-        return any(shed_rule(t, state[1]) is not None for t in self.policy.types.values())
-
     def _verdict(self, request: TicketRequest, circuit: BreakerView | None, state: ControlState) -> Decision:
         if circuit is not None:  # the endpoint is down for every type: critical ones too
             return Decision(

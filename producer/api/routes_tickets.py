@@ -51,13 +51,16 @@ router = APIRouter(prefix="/v1", tags=["tickets"])
 NOT_FOUND = "no such ticket for this key"
 REPLAYED_HEADER = "Idempotent-Replayed"
 DEADLINE_HEADER = "X-Tidegate-Deadline-Ms"
+DEADLINE_MS_MAX = 7 * 86_400_000
+"""A week: the longest deadline a caller may set, in milliseconds from now."""
+IDEMPOTENCY_KEY_MAX = 128
 QUEUE_MS_HEADER = "X-Tidegate-Queue-Ms"
 DeadlineMs = Annotated[
     int,  # not `int | None`: documented as an integer header, absent when not sent
     Header(
         alias=DEADLINE_HEADER,
         ge=1,
-        le=7 * 86_400_000,
+        le=DEADLINE_MS_MAX,
         description="the caller's deadline in milliseconds from now; the smaller of it and the body's "
         "deadline_ms wins",
     ),
@@ -159,7 +162,7 @@ async def submit_ticket(
         Header(
             alias="Idempotency-Key",
             min_length=1,
-            max_length=128,
+            max_length=IDEMPOTENCY_KEY_MAX,
             description="a retry with the same key returns the same ticket",
         ),
     ] = None,
@@ -181,7 +184,7 @@ def submission_request(
     deadline_ms: int | None = None,
 ) -> TicketRequest:
     """The request a POSTed body makes for this caller, checked against the policy; ApiError (403,
-    409) or Invalid (422) otherwise. The shed shortcut (producer/api/shed_shortcut.py) builds its
+    409) or Invalid (422) otherwise. The submit shortcut (producer/api/submit_shortcut.py) builds its
     request here too, so both paths submit the same ticket."""
     branch = _branch_for(principal, body.branch_id, ["body"])
     if idempotency_key is not None and body.idempotency_key not in (None, idempotency_key):
@@ -197,7 +200,7 @@ def submission_request(
 
 async def answer_submission(context: ApiContext, request: TicketRequest) -> JSONResponse:
     """Submit and answer: 202 (or a replay of an earlier ticket), ApiError 429 when shed. The route
-    and the shed shortcut both answer here."""
+    and the submit shortcut both answer here."""
     # On the event loop, with the ticket sent on the asyncio client (Producer.submit_async): the
     # hottest route pays no threadpool hop. A ready JSONResponse (the model is documented via
     # response_model) spares FastAPI validating the returned model again.

@@ -41,7 +41,7 @@ def python312() -> Path:
         return Path(named)
     for command in ("python3.12", "python3.13"):
         found = shutil.which(command)
-        if found:
+        if found and _runs(found):  # a pyenv shim is on PATH whether or not its version is active
             return Path(found)
     pyenv = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
     for pattern in ("3.12*/bin/python3.12", "3.13*/bin/python3.13"):
@@ -52,6 +52,13 @@ def python312() -> Path:
         f"inference-perf needs Python 3.12 or newer and none was found: set {PYTHON_ENV} to one, put "
         f"python3.12 on PATH, or install one with pyenv under {pyenv}"
     )
+
+
+def _runs(python: str) -> bool:
+    try:
+        return subprocess.run([python, "--version"], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
 
 
 def inference_perf_command(progress: Callable[[str], None] = lambda line: None) -> Path:

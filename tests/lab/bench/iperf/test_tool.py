@@ -40,6 +40,23 @@ def test_a_pyenv_interpreter_is_found_when_none_is_on_path(
         tool.python312()
 
 
+def test_a_shim_on_path_that_cannot_run_gives_way_to_pyenvs_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shims = tmp_path / "shims"
+    shims.mkdir()
+    shim = shims / "python3.12"  # pyenv's shim when 3.12 is installed but not the active version
+    shim.write_text("#!/bin/sh\necho 'pyenv: python3.12: command not found' >&2\nexit 127\n")
+    shim.chmod(0o755)
+    found = tmp_path / "versions" / "3.12.1" / "bin" / "python3.12"
+    found.parent.mkdir(parents=True)
+    found.write_text("")
+    monkeypatch.delenv(tool.PYTHON_ENV, raising=False)
+    monkeypatch.setenv("PATH", str(shims))
+    monkeypatch.setenv("PYENV_ROOT", str(tmp_path))
+    assert tool.python312() == found
+
+
 def test_the_peer_virtualenv_is_made_with_the_interpreter_asked_for(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -1,13 +1,12 @@
-"""The shed shortcut: while admission sheds, a single POST /v1/tickets that the cached state refuses
-is answered here, before FastAPI's routing, dependency and validation machinery.
+"""The submit shortcut: a single POST /v1/tickets that every step of the route would take without
+asking Redis is answered here, before FastAPI's routing, dependency and validation machinery.
 
-Nothing is decided here. The shortcut takes a request only when every step of the route would pass
-without Redis: the caller's key is in the authenticator's cache, the body parses into `TicketBody`,
-`submission_request` (the route's own) accepts it, and `AdmissionController.decide_cached` (the
-rule the route's submission applies) refuses it. It then answers through `answer_submission`, the
-route's own, so the ticket is recorded `rejected`, counted and readable as on the route. Anything
-else (an unknown key, a bad body, an admitted ticket, a stale cache) goes on to the route with the
-body replayed, so its answer is the route's by construction.
+Nothing is decided here. The shortcut takes a request only when the caller's key is in the
+authenticator's cache, the body parses into `TicketBody`, its headers are ones it reads as the
+route declares them, and `submission_request` (the route's own) accepts it. It then answers through
+`answer_submission`, the route's own, so the ticket is admitted or refused, recorded, counted and
+readable as on the route. Anything else (an unknown key, a bad body or header) goes on to the route
+with the body replayed, so its answer is the route's by construction.
 """
 
 from __future__ import annotations
@@ -21,18 +20,26 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from producer.api.context import ApiContext
 from producer.api.errors import ApiError, error_answer, error_response
-from producer.api.routes_tickets import Invalid, answer_submission, submission_request
+from producer.api.routes_tickets import (
+    DEADLINE_HEADER,
+    DEADLINE_MS_MAX,
+    IDEMPOTENCY_KEY_MAX,
+    Invalid,
+    answer_submission,
+    submission_request,
+)
 from producer.api.schemas import TicketBody
 
 PATH = "/v1/tickets"
-IDEMPOTENCY_KEY_MAX = 128
-"""As the route's `Idempotency-Key` header declares it; a key outside 1..128 goes to the route."""
-ROUTE_ONLY_HEADERS = b"x-tidegate-"
-"""Headers that may shape the request (a deadline, say) are read by the route alone."""
+DEADLINE_NAME = DEADLINE_HEADER.lower().encode()
+TIDEGATE_HEADERS = b"x-tidegate-"
+SHORTCUT_HEADERS = {DEADLINE_NAME}
+"""The tidegate headers the shortcut reads as the route does; any other `X-Tidegate-*` header
+goes to the route, which alone knows what it may mean."""
 
 
 @dataclass
-class ShedShortcut:
+class SubmitShortcut:
     """The shortcut's state: the API's context, the route it answers for (its template labels the
     answer's metrics as the route's would be), and how many answers it gave (for tests and logs)."""
 
@@ -41,18 +48,13 @@ class ShedShortcut:
     answered: int = 0
 
     def applies(self, scope: Scope) -> bool:
-        return (
-            scope["type"] == "http"
-            and scope["method"] == "POST"
-            and scope["path"] == PATH
-            and self.context.producer.admission.refusing_cached()
-        )
+        return bool(scope["type"] == "http" and scope["method"] == "POST" and scope["path"] == PATH)
 
 
-class ShedShortcutMiddleware:
+class SubmitShortcutMiddleware:
     """Pure ASGI middleware; placed inside the body size limit so a body it reads is bounded."""
 
-    def __init__(self, app: ASGIApp, shortcut: ShedShortcut) -> None:
+    def __init__(self, app: ASGIApp, shortcut: SubmitShortcut) -> None:
         self.app = app
         self.shortcut = shortcut
 
@@ -64,11 +66,14 @@ class ShedShortcutMiddleware:
         principal = self.shortcut.context.authenticator.cached(_bearer(headers.get(b"authorization")))
         content_type = headers.get(b"content-type", b"").split(b";", 1)[0].strip().lower()
         idempotency_key = headers.get(b"idempotency-key")
+        deadline = headers.get(DEADLINE_NAME)
+        deadline_ms = _deadline_ms(deadline) if deadline is not None else None
         if (
             principal is None
             or content_type != b"application/json"
-            or any(name.startswith(ROUTE_ONLY_HEADERS) for name in headers)
+            or any(name.startswith(TIDEGATE_HEADERS) and name not in SHORTCUT_HEADERS for name in headers)
             or (idempotency_key is not None and not 0 < len(idempotency_key) <= IDEMPOTENCY_KEY_MAX)
+            or (deadline is not None and deadline_ms is None)
         ):
             await self.app(scope, receive, send)
             return
@@ -80,12 +85,8 @@ class ShedShortcutMiddleware:
         try:
             parsed = TicketBody.model_validate_json(body)
             key = idempotency_key.decode("latin-1") if idempotency_key is not None else None
-            request = submission_request(context, principal, parsed, key)
+            request = submission_request(context, principal, parsed, key, deadline_ms)
         except (ValidationError, Invalid, ApiError, UnicodeDecodeError):
-            await self.app(scope, _replay(body, receive, whole), send)
-            return
-        decision = context.producer.admission.decide_cached(request)
-        if decision is None or decision.admitted:
             await self.app(scope, _replay(body, receive, whole), send)
             return
         try:
@@ -105,6 +106,15 @@ def _headers(scope: Scope) -> dict[bytes, bytes]:
     for name, value in scope["headers"]:
         out.setdefault(name, value)
     return out
+
+
+def _deadline_ms(value: bytes) -> int | None:
+    """The deadline header's milliseconds when it is a plain integer the route accepts; None when
+    the route must judge it."""
+    if not value.isdigit() or len(value) > len(str(DEADLINE_MS_MAX)):
+        return None
+    deadline_ms = int(value)
+    return deadline_ms if 1 <= deadline_ms <= DEADLINE_MS_MAX else None
 
 
 def _bearer(value: bytes | None) -> str | None:

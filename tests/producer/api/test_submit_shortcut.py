@@ -1,4 +1,4 @@
-"""The shed shortcut answers exactly as the route would: status, body, headers, record and counts.
+"""The submit shortcut answers exactly as the route would: status, body, headers, record and counts.
 
 Two APIs serve one queue, one with the shortcut and one without, both with caches long enough that
 each request of a pair sees the same cached state; every pair is compared field by field.
@@ -44,7 +44,7 @@ class Side:
 
     @property
     def shortcut_answers(self) -> int:
-        shortcut = getattr(self.app.state, "shed_shortcut", None)
+        shortcut = getattr(self.app.state, "submit_shortcut", None)
         return shortcut.answered if shortcut is not None else 0
 
 
@@ -68,7 +68,7 @@ def sides(redis_url: str, queue_name: str, policy_file: Path | None) -> Iterator
     )
     fast = create_app(settings, auth_cache_seconds=LONG_CACHE_S, admission_cache_seconds=LONG_CACHE_S)
     route = create_app(
-        settings, auth_cache_seconds=LONG_CACHE_S, admission_cache_seconds=LONG_CACHE_S, shed_shortcut=False
+        settings, auth_cache_seconds=LONG_CACHE_S, admission_cache_seconds=LONG_CACHE_S, submit_shortcut=False
     )
     token, _ = fast.state.context.key_store.create(Role.BRANCH, "0412", "shortcut test")
     with serve(fast) as fast_url, serve(route) as route_url, requests.Session() as a, requests.Session() as b:
@@ -168,24 +168,59 @@ def test_red_sheds_through_the_shortcut_as_the_route_does(
     assert counted[("/v1/tickets", "POST", "429")] == 5  # the warm-up's and four shortcut answers
 
 
-def test_what_the_shortcut_does_not_refuse_goes_to_the_route(
+def test_what_the_shortcut_cannot_read_goes_to_the_route(
     sides: tuple[Side, Side], redis_client: Redis, queue_name: str
 ) -> None:
     keys = QueueKeys(queue_name)
     publish_alarm(redis_client, keys, "red")
     _warm(sides, COMPLAINT)
     cases: list[tuple[Any, dict[str, str] | None, int]] = [
-        (LOAN, None, 202),  # admitted: critical
         ({"type": "complaint"}, None, 422),  # no prompt
         ({**COMPLAINT, "type": "no_such_type"}, None, 422),
         ({**COMPLAINT, "branch_id": "0999"}, None, 403),
         ({**COMPLAINT, "idempotency_key": "a"}, {"Idempotency-Key": "b"}, 409),
         (COMPLAINT, {"Idempotency-Key": "k" * 129}, 422),
         (COMPLAINT, {"Authorization": "Bearer not-a-key"}, 401),
-        (COMPLAINT, {"X-Tidegate-Deadline-Ms": "60000"}, 429),  # the route reads its own headers
+        (COMPLAINT, {"X-Tidegate-Deadline-Ms": "0"}, 422),
+        (COMPLAINT, {"X-Tidegate-Deadline-Ms": "soon"}, 422),
+        (COMPLAINT, {"X-Tidegate-Deadline-Ms": str(8 * 86_400_000)}, 422),
+        (COMPLAINT, {"X-Tidegate-Other": "1"}, 429),  # a tidegate header it does not read
     ]
     for body, headers, status in cases:
         assert _same_answer(sides, redis_client, keys, body, headers) == (status, False)
+
+
+def test_admitted_tickets_are_answered_through_the_shortcut_as_the_route_does(
+    sides: tuple[Side, Side], redis_client: Redis, queue_name: str
+) -> None:
+    keys = QueueKeys(queue_name)
+    publish_alarm(redis_client, keys, "red")
+    _warm(sides, LOAN)
+    assert _same_answer(sides, redis_client, keys, LOAN) == (202, True)  # critical: admitted in red
+    deadline = {"X-Tidegate-Deadline-Ms": "1500"}  # sooner than the loan's SLO: it wins on both
+    assert _same_answer(sides, redis_client, keys, LOAN, deadline) == (202, True)
+    assert _same_answer(sides, redis_client, keys, COMPLAINT, {"X-Tidegate-Deadline-Ms": "60000"}) == (
+        429,
+        True,
+    )
+    for side in sides:
+        side.app.state.context.producer.admission.invalidate()
+    publish_alarm(redis_client, keys, "green")
+    _warm(sides, COMPLAINT)
+    assert _same_answer(sides, redis_client, keys, COMPLAINT) == (202, True)
+    fast, route = sides
+    for side in sides:  # a retry under one key replays that side's ticket on both paths
+        first = side.session.post(
+            side.url + "/v1/tickets", json=COMPLAINT, headers={"Idempotency-Key": "k-" + side.url}, timeout=10
+        )
+        again = side.session.post(
+            side.url + "/v1/tickets", json=COMPLAINT, headers={"Idempotency-Key": "k-" + side.url}, timeout=10
+        )
+        assert (first.status_code, again.status_code) == (202, 202)
+        assert again.json()["id"] == first.json()["id"] and again.headers["Idempotent-Replayed"] == "true"
+    counted = _answers_by_route(fast)
+    assert counted == _answers_by_route(route)
+    assert counted[("/v1/tickets", "POST", "202")] == 7
 
 
 def test_critical_only_sheds_alike_and_orange_admits_alike(
@@ -194,8 +229,8 @@ def test_critical_only_sheds_alike_and_orange_admits_alike(
     keys = QueueKeys(queue_name)
     publish_alarm(redis_client, keys, "orange")  # archive queries deferred while their deadline holds
     _warm(sides, ARCHIVE)
-    assert _same_answer(sides, redis_client, keys, ARCHIVE) == (202, False)
-    assert _same_answer(sides, redis_client, keys, COMPLAINT) == (202, False)
+    assert _same_answer(sides, redis_client, keys, ARCHIVE) == (202, True)
+    assert _same_answer(sides, redis_client, keys, COMPLAINT) == (202, True)
     for side in sides:
         side.app.state.context.producer.admission.invalidate()
     publish_alarm(redis_client, keys, "green")
