@@ -1,4 +1,4 @@
-"""`tidegate api`: serve the branch-office HTTP API (uvicorn, or granian with `--server granian`).
+"""`tidegate api`: serve the branch-office HTTP API with uvicorn.
 
 Flags are written into the TIDEGATE_* environment before uvicorn starts, because with `--workers N`
 each worker process builds its own app from the environment (the app factory reads Settings()).
@@ -6,31 +6,35 @@ each worker process builds its own app from the environment (the app factory rea
 
 from __future__ import annotations
 
-import importlib.util
 import os
 
 import typer
+import uvicorn
 
-from producer.api.servers import HttpServer, Listen, serve
 from shared.cli_support import EXIT_BAD_INPUT, fail, load_settings
 from shared.config import setting_help
+from shared.logs import uvicorn_log_config
 from shared.redis_conn import RedisUnavailable, resolve_redis_url
 
 app = typer.Typer(add_completion=False)
 
 DEFAULT_PORT = 8080
+KEEP_ALIVE_SECONDS = 75
+"""How long an idle client connection stays open. Longer than the idle expiry of the clients' own
+pools (httpx, and so the `openai` package, keeps idle connections 5 s, as uvicorn's default does):
+a server that closes first races a client reusing the connection, and that request fails with
+"Server disconnected without sending a response" though the API never read it."""
 
 
 @app.command()
 def api(
     host: str = typer.Option("127.0.0.1", "--host", help="address to bind (0.0.0.0 for all)"),
     port: int = typer.Option(DEFAULT_PORT, "--port", min=0, max=65535),
-    workers: int = typer.Option(1, "--workers", min=1, max=64, help="worker processes"),
-    server: HttpServer = typer.Option(HttpServer.UVICORN, "--server", help="the HTTP server"),
+    workers: int = typer.Option(1, "--workers", min=1, max=64, help="uvicorn worker processes"),
     redis_url: str | None = typer.Option(None, "--redis-url", help="TIDEGATE_REDIS_URL"),
     queue: str | None = typer.Option(None, "--queue", help="queue name (TIDEGATE_QUEUE_NAME)"),
     policy_file: str | None = typer.Option(None, "--policy-file", help="TIDEGATE_POLICY_FILE"),
-    log_level: str = typer.Option("info", "--log-level", help="the server's log level"),
+    log_level: str = typer.Option("info", "--log-level", help="uvicorn log level"),
     access_log: bool = typer.Option(True, "--access-log/--no-access-log"),
     ssl_certfile: str | None = typer.Option(None, "--ssl-certfile", help=setting_help("ssl_certfile")),
     ssl_keyfile: str | None = typer.Option(None, "--ssl-keyfile", help=setting_help("ssl_keyfile")),
@@ -70,7 +74,17 @@ def api(
         os.environ["TIDEGATE_METRICS_HOST"] = settings.metrics_host or host
     if settings.policy_file:
         os.environ["TIDEGATE_POLICY_FILE"] = settings.policy_file
-    if server is HttpServer.GRANIAN and importlib.util.find_spec("granian") is None:
-        fail("--server granian: granian is not installed; pip install 'tidegate[granian]'", EXIT_BAD_INPUT)
-    listen = Listen(host, port, workers, log_level, access_log, settings.ssl_certfile, settings.ssl_keyfile)
-    serve(server, listen)
+    uvicorn.run(
+        "producer.api.app:create_app",
+        factory=True,
+        host=host,
+        port=port,
+        workers=workers,
+        log_level=log_level,
+        log_config=uvicorn_log_config(log_level),
+        access_log=access_log,
+        proxy_headers=True,
+        timeout_keep_alive=KEEP_ALIVE_SECONDS,
+        ssl_certfile=settings.ssl_certfile,
+        ssl_keyfile=settings.ssl_keyfile,
+    )

@@ -1,8 +1,8 @@
 """API accept rate beside the direct Python producer, and how fast a 429 is answered.
 
-    python -m ops.lab.bench.api_rate --runs 3 --seconds 5 --threads 16 --workers 2 [--server granian]
+    python -m ops.lab.bench.api_rate --runs 3 --seconds 5 --threads 16 --workers 2
 
-Each run starts `tidegate api --workers N --server S` on a free port against its own queue, with a policy
+Each run starts `tidegate api --workers N` on a free port against its own queue, with a policy
 whose caps and alarm thresholds are out of reach so admission always admits (the figure is the
 HTTP path's speed, not the shedding). Then, in the same run and on the same Redis:
 - accept rate: threads with keep-alive sessions POST loan approvals to /v1/tickets for `seconds`;
@@ -44,7 +44,6 @@ from ops.lab.bench.cpu import machine_cpu_seconds, process_cpu_seconds
 from ops.lab.bench.server_time import answer_buckets, quantile_ms
 from ops.lab.procs.ports import free_port, http_ok
 from producer.api.keys import ApiKeyStore, Role
-from producer.api.servers import HttpServer
 from producer.producer import Producer
 from shared.keys import QueueKeys
 from shared.policy import default_policy_text, parse_policy
@@ -95,13 +94,12 @@ class RunFigures:
 
 
 @contextmanager
-def api_process(env: Mapping[str, str], workers: int, server: str = "uvicorn") -> Iterator[str]:
-    """`tidegate api --workers N --server S` as a child process with `env` added to ours; its base
-    URL once /healthz answers. The console script beside this Python, so a venv's own install is
-    what runs."""
+def api_process(env: Mapping[str, str], workers: int) -> Iterator[str]:
+    """`tidegate api --workers N` as a child process with `env` added to ours; its base URL once
+    /healthz answers. The console script beside this Python, so a venv's own install is what runs."""
     port = free_port()
     tidegate = str(Path(sys.executable).with_name("tidegate"))
-    command = [tidegate, "api", "--port", str(port), "--workers", str(workers), "--server", server]
+    command = [tidegate, "api", "--port", str(port), "--workers", str(workers)]
     command += ["--no-access-log", "--log-level", "warning"]
     process = subprocess.Popen(
         command, env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
@@ -223,7 +221,6 @@ def one_run(
     workers: int,
     storm_clients: int = 0,
     storm_pause_s: float = 0.1,
-    server: str = "uvicorn",
 ) -> RunFigures:
     queue = f"bench-api-{uuid.uuid4().hex[:10]}"
     keys = QueueKeys(queue)
@@ -242,7 +239,7 @@ def one_run(
             # Every worker's answer times in one /metrics (the multiprocess collector).
             "PROMETHEUS_MULTIPROC_DIR": metrics_dir.name,
         }
-        with api_process(env, workers, server) as base_url:
+        with api_process(env, workers) as base_url:
             clients = [KeepAliveClient(base_url, token) for _ in range(threads)]
             loan, complaint = json.dumps(LOAN).encode(), json.dumps(COMPLAINT).encode()
             warm, _, _ = _hammer(threads, 1.0, lambda i: clients[i].post(PATH, loan, 202))
@@ -352,8 +349,7 @@ def main(
     runs: int = typer.Option(3, "--runs", min=1, help="runs; medians are reported"),
     seconds: float = typer.Option(5.0, "--seconds", min=0.5, help="length of each measured phase"),
     threads: int = typer.Option(16, "--threads", min=1, help="client threads (one keep-alive session each)"),
-    workers: int = typer.Option(2, "--workers", min=1, help="API worker processes"),
-    server: HttpServer = typer.Option(HttpServer.UVICORN, "--server", help="the API's HTTP server"),
+    workers: int = typer.Option(2, "--workers", min=1, help="uvicorn worker processes"),
     storm_clients: int = typer.Option(200, "--storm-clients", min=0, help="retry-storm clients; 0: no storm"),
     storm_pause_ms: float = typer.Option(
         100.0, "--storm-pause-ms", min=0.0, help="a storm client's mean pause between tries"
@@ -364,16 +360,14 @@ def main(
     """Accept rate through HTTP beside the direct Python producer, and the p99 time of a 429."""
     url = resolve_redis_url(redis_url or os.environ.get("TIDEGATE_REDIS_URL"))
     figures = [
-        one_run(url, threads, seconds, workers, storm_clients, storm_pause_ms / 1000, server.value)
-        for _ in range(runs)
+        one_run(url, threads, seconds, workers, storm_clients, storm_pause_ms / 1000) for _ in range(runs)
     ]
     medians = {name: statistics.median(getattr(f, name) for f in figures) for name in asdict(figures[0])}
     doc = {
         "runs": runs,
         "seconds": seconds,
         "threads": threads,
-        "server": server.value,
-        "api_workers": workers,
+        "uvicorn_workers": workers,
         "storm_clients": storm_clients,
         "storm_pause_ms": storm_pause_ms,
         "cpus": os.cpu_count(),
@@ -384,7 +378,7 @@ def main(
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
         return
     typer.echo(
-        f"median of {runs} runs, {threads} threads, {workers} {server.value} workers, {os.cpu_count()} CPUs:\n"
+        f"median of {runs} runs, {threads} threads, {workers} uvicorn workers, {os.cpu_count()} CPUs:\n"
         f"  HTTP API accepts     {medians['api_accepts_per_s']:8.0f} tickets/s "
         f"(p50 {medians['api_accept_p50_ms']:.1f} ms, p99 {medians['api_accept_p99_ms']:.1f} ms)\n"
         f"  Python producer      {medians['direct_accepts_per_s']:8.0f} tickets/s\n"
