@@ -15,15 +15,8 @@ def ticket_deadline(type_policy: TypePolicy, created: float, deadline_ms: int | 
     return deadline
 
 
-def deadline_rule_fields(policy: Policy, ticket_type: str, deadline: float) -> list[tuple[str, str]]:
-    """The fields the deadline rule reads: the deadline, the type's SLO (to count it from a retry's
-    first sighting), whether the type is exempt (critical), and the types served ahead of it (their
-    arrivals are taken off the service rate). Not part of a rejected record."""
-    type_policy = policy.type_policy(ticket_type)
-    ahead = ",".join(name for name, tp in policy.types.items() if tp.base < type_policy.base)
-    return [
-        ("deadline", repr(deadline)),
-        ("slo_seconds", repr(type_policy.slo_seconds)),
-        ("admit_late", "1" if type_policy.critical else ""),
-        ("ahead_types", ahead),
-    ]
+def types_ahead(policy: Policy, ticket_type: str) -> str:
+    """The types served ahead of `ticket_type` (a better base priority), comma-separated: the
+    deadline rule takes their arrivals off the service rate, since they keep starting first."""
+    base = policy.type_policy(ticket_type).base
+    return ",".join(name for name, tp in policy.types.items() if tp.base < base)

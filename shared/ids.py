@@ -23,12 +23,23 @@ def _b32(value: int, length: int) -> str:
     return digits[-length:].decode()
 
 
+_PAIRS = [a + b for a in _ALPHABET for b in _ALPHABET]
+"""Two digits for each 10-bit value."""
+_RANDOM_DIGIT = bytes(_ALPHABET.encode()[byte & 31] for byte in range(256))
+"""One digit for each random byte: its low 5 bits (every digit equally likely)."""
+_prefix_ms = -1
+_prefix = ""
+
+
 def new_ticket_id() -> str:
     """26 characters: 48-bit milliseconds, a 20-bit per-process counter and 60 random bits.
 
-    Lexicographic order follows creation time (monotonic within a process), like a ULID.
+    Lexicographic order follows creation time (monotonic within a process), like a ULID. The
+    fields fall on digit boundaries (2 leading zero bits + 48 = 10 digits, 20 = 4, 60 = 12), so each
+    is written on its own: the milliseconds' digits once per millisecond, the counter from a table,
+    the random digits straight from random bytes.
     """
-    global _last_ms, _counter
+    global _last_ms, _counter, _prefix_ms, _prefix
     with _lock:
         ms = time.time_ns() // 1_000_000
         if ms <= _last_ms:
@@ -41,5 +52,12 @@ def new_ticket_id() -> str:
             _last_ms = ms
             _counter = 0
         counter = _counter
-    rand = int.from_bytes(os.urandom(8), "big") >> 4
-    return _b32((ms << 80) | (counter << 60) | rand, _ID_LENGTH)
+        if ms != _prefix_ms:
+            _prefix_ms, _prefix = ms, _b32(ms, 10)
+        prefix = _prefix
+    return (
+        prefix
+        + _PAIRS[counter >> 10]
+        + _PAIRS[counter & 1023]
+        + os.urandom(12).translate(_RANDOM_DIGIT).decode()
+    )

@@ -27,6 +27,7 @@ from redis.asyncio import Redis as AsyncRedis
 from redis.exceptions import NoScriptError, ResponseError
 
 from shared import clock
+from shared.deadlines import types_ahead
 from shared.keys import WAKE_LIST_CAP, QueueKeys
 from shared.models import Ticket, TicketRequest, TicketStatus
 from shared.policy import Policy, RetainedOutcome, UnknownTicketType
@@ -119,6 +120,9 @@ class Submission(TicketBuilder):
             *types,
             *[self.policy.type_policy(t).cap for t in types],
             *[self.shed_words(ShedCode.TYPE_CAP, t) for t in types],
+            *[repr(self.policy.type_policy(t).slo_seconds) for t in types],
+            *["1" if self.policy.type_policy(t).critical else "" for t in types],
+            *[types_ahead(self.policy, t) for t in types],
             *self.policy.fairness.cost_args(),
         ]
         return keys, args

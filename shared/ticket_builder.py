@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared import clock, tracing
-from shared.deadlines import deadline_rule_fields, ticket_deadline
+from shared.deadlines import ticket_deadline
 from shared.ids import new_ticket_id
 from shared.models import Ticket, TicketRequest, TicketStatus
 from shared.policy import Policy, TypePolicy
@@ -54,6 +54,8 @@ default (factor levels of 0, not bulk) or empty is not written: `Ticket.from_red
 default, and `attempts` (0) and the claim's token cost (prompt estimate + max_tokens) are derived."""
 
 _AT_DEFAULT = {"urgent_level": 0, "vip_level": 0, "is_bulk": False}
+_CONVERTED = frozenset({*_AT_DEFAULT, "messages", "sampling"})
+"""The columns whose stored form is not simply `str(value)` (see `stored_value`)."""
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,25 @@ def stored_value(name: str, value: Any) -> str:
     if isinstance(value, bool):
         return "1" if value else "0"
     return str(value)
+
+
+_LEAN_AT = 15
+"""Where a draft's values give the counts of its lean and of all its field pairs (enqueue.lua)."""
+
+
+def _append_stored(values: list[str], stored: dict[str, Any], names: tuple[str, ...]) -> int:
+    """Append the name, stored value pairs of the columns `names` that are stored (see
+    `stored_value`) to `values`; returns how many pairs."""
+    pairs = 0
+    for name in names:
+        value = stored[name]
+        if value is None:
+            continue
+        text = stored_value(name, value) if name in _CONVERTED else str(value)
+        if text:
+            values += (name, text)
+            pairs += 1
+    return pairs
 
 
 @dataclass(frozen=True)
@@ -159,15 +180,6 @@ class TicketBuilder:
         shed = options.shed
         # A ticket admission shed is recorded rejected whatever else the script finds, from its
         # lean fields alone: its prompt and the rest are not worth sending.
-        columns = LEAN_FIELDS if shed else COLUMNS
-        pairs = [(name, stored_value(name, getattr(ticket, name))) for name in columns]
-        assert ticket.deadline is not None  # build_ticket gives every ticket one
-        pairs[len(LEAN_FIELDS) : len(LEAN_FIELDS)] = [
-            *deadline_rule_fields(self.policy, ticket.type, ticket.deadline),
-            ("red_line", str(options.red_line) if options.red_line > 0 else ""),
-        ]
-        lean = sum(1 for name, value in pairs[: len(LEAN_FIELDS)] if value)
-        fields = [item for pair in pairs if pair[1] for item in pair]
         values = [
             ticket.id,
             ticket.type,
@@ -180,8 +192,15 @@ class TicketBuilder:
             shed.value if shed else "",
             self.shed_words(shed, ticket.type) if shed else "",
             repr(options.retry_after),
-            str(lean),
-            str(len(fields) // 2),
-            *fields,
+            repr(ticket.deadline),
+            str(ticket.prompt_tokens_estimate),
+            str(ticket.max_tokens),
+            str(options.red_line) if options.red_line > 0 else "",
+            "",  # _LEAN_AT: the lean pairs, filled in below
+            "",  # every pair
         ]
+        stored = ticket.__dict__
+        lean = _append_stored(values, stored, LEAN_FIELDS)
+        rest = 0 if shed else _append_stored(values, stored, COLUMNS[len(LEAN_FIELDS) :])
+        values[_LEAN_AT], values[_LEAN_AT + 1] = str(lean), str(lean + rest)
         return Draft(ticket, options, values)

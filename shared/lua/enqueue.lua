@@ -33,15 +33,19 @@ ARGV[1] created_at of every ticket of the batch (Unix seconds)
 ARGV[2] seconds an accepted ticket's idempotency key lives (its longest retention)
 ARGV[3] seconds a rejected record (and its idempotency key) lives
 ARGV[4] most wake-up markers the wake list holds
-ARGV[5] n, the number of types; then n type names, n caps (most queued tickets of the type) and n
-        words for the cap's code (used when the cap refuses a ticket)
+ARGV[5] n, the number of types; then n type names, n caps (most queued tickets of the type), n
+        words for the cap's code (used when the cap refuses a ticket), n SLOs (seconds), n critical
+        flags ("1": never refused by the deadline rule) and n lists of the types served ahead
+        (comma-separated: their arrivals are taken off the service rate)
 then the fairness weights (shared/policy.py `FairnessPolicy.cost_args`): a prompt token's, an answer
         token's, m, and m pairs branch, weight (branches not named weigh 1)
-then, per ticket, 13 values and its hash fields:
+then, per ticket, 17 values and its hash fields:
         id, type, branch, priority, sorted-set score (shared/scoring.py), expires_at, idempotency
         key ("" for none), ready_at (later than created_at: deferred, parked in the delayed set),
         shed code admission decided ("" when admitted), words for that code, Retry-After seconds,
-        l and f; then f field, value pairs to store, of which the first l are the lean record's
+        deadline, prompt tokens (estimated) and max_tokens (for its weighted tokens), red line
+        ("" for none), l and f; then f field, value pairs to store, of which the first l are the
+        lean record's
 
 Fair share, counted in weighted tokens (lib/fairness.lua): an admitted ticket stores its
 `weighted_tokens`, (input_weight × prompt_tokens_estimate + output_weight × max_tokens) ÷ its
@@ -62,13 +66,13 @@ ticket is scored just behind the type's equal-priority ticket at its round-robin
 first. A queued ticket is also indexed under its branch, and a branch that starts waiting has its
 service lifted (lib/fairness.lua), for the claim's token-weighted choice between branches.
 
-Deadlines (lib/deadline.lua): a ticket's fields carry its `deadline`, its type's `slo_seconds`,
-`admit_late` ("1": never refused by this rule) and `ahead_types` (the types served before it). A retry under the idempotency key of a shed
-try keeps that try's `first_seen_at`, so the SLO counts from the first submission. A ticket that
-would pass every other rule but cannot start before its deadline is recorded rejected with code
-deadline_unreachable and a Retry-After from the estimate.
+Deadlines (lib/deadline.lua): a ticket's values carry its deadline, and the call's each type's SLO,
+whether it is critical (never refused by this rule) and the types served before it. A retry under
+the idempotency key of a shed try keeps that try's `first_seen_at`, so the SLO counts from the first
+submission. A ticket that would pass every other rule but cannot start before its deadline is
+recorded rejected with code deadline_unreachable and a Retry-After from the estimate.
 
-The red line: a ticket's fields may carry `red_line` (admission draws it while the queue is busy:
+The red line: a ticket's values may carry a red line (admission draws it while the queue is busy:
 the policy's red threshold). A ticket that is not critical, passing every rule before it, is
 refused with queue_red when the queue already holds that many tickets (ready plus delayed), counted
 on through the batch: the queue holds below red ticket by ticket instead of overshooting it between
@@ -85,27 +89,61 @@ the caller).
 -- @include fairness
 
 local created = ARGV[1]
+local now = tonumber(created)
 local ntypes = tonumber(ARGV[5])
 local waiting = waiting_keys(9, 6, ntypes)
 local depths = waiting_keys(9 + ntypes, 6, ntypes)
 local monitor_key = KEYS[9 + 2 * ntypes]
 local services = waiting_keys(10 + 2 * ntypes, 6, ntypes)
 local branch_tokens = waiting_keys(10 + 3 * ntypes, 6, ntypes)
-local caps, cap_words = {}, {}
+local caps, cap_words, slos, critical_types, ahead_of = {}, {}, {}, {}, {}
 for i = 0, ntypes - 1 do
-  caps[ARGV[6 + i]] = tonumber(ARGV[6 + ntypes + i])
-  cap_words[ARGV[6 + i]] = ARGV[6 + 2 * ntypes + i]
+  local name = ARGV[6 + i]
+  caps[name] = tonumber(ARGV[6 + ntypes + i])
+  cap_words[name] = ARGV[6 + 2 * ntypes + i]
+  slos[name] = tonumber(ARGV[6 + 3 * ntypes + i])
+  critical_types[name] = ARGV[6 + 4 * ntypes + i] == '1'
+  ahead_of[name] = ARGV[6 + 5 * ntypes + i]
 end
-local w_in, w_out, weights, first_ticket = fairness_weights(6 + 3 * ntypes)
+local w_in, w_out, weights, first_ticket = fairness_weights(6 + 6 * ntypes)
 -- Tickets queued now, read at the red line's first use in this call and counted on from there.
 local depth = nil
 local function queued_depth()
   if not depth then depth = redis.call('ZCARD', KEYS[1]) + redis.call('ZCARD', KEYS[5]) end
   return depth
 end
--- Each type's density (lib/fairness.lua `type_density`), read at its first use in this call and
--- then kept up to date here as tickets are queued.
-local densities = {}
+-- Per type, read at its first use in this call and then kept up to date here as tickets are
+-- queued (nothing else changes them while the script runs): its density (lib/fairness.lua
+-- `type_density`), its queued tickets (the waiting zset's size) and its waiting branches (the
+-- branch depth hash's size).
+local densities, type_depths, type_branches = {}, {}, {}
+local function type_depth(ticket_type)
+  local n = type_depths[ticket_type]
+  if not n then
+    n = redis.call('ZCARD', waiting[ticket_type])
+    type_depths[ticket_type] = n
+  end
+  return n
+end
+local function branch_count(ticket_type)
+  local n = type_branches[ticket_type]
+  if not n then
+    n = redis.call('HLEN', depths[ticket_type])
+    type_branches[ticket_type] = n
+  end
+  return n
+end
+-- The monitor's figures the deadline rule reads, per type (lib/deadline.lua `drain_figures`),
+-- read once per call.
+local drains = {}
+local function drain_of(ticket_type)
+  local m = drains[ticket_type]
+  if m == nil then
+    m = drain_figures(monitor_key, ahead_of[ticket_type], now) or false
+    drains[ticket_type] = m
+  end
+  return m or nil
+end
 local function density_of(ticket_type)
   return function()
     if not densities[ticket_type] then
@@ -120,15 +158,15 @@ local function bad(i, id, field, value, wanted)
   return redis.error_reply('ticket ' .. i .. ' (' .. id .. '): ' .. field .. ' ' .. string.format('%q', value) ..
     ' is not accepted; expected ' .. wanted)
 end
-local numbers = {{4, 'score'}, {5, 'expires_at'}, {7, 'ready_at'}, {10, 'retry_after'}}
+local numbers = {{4, 'score'}, {5, 'expires_at'}, {7, 'ready_at'}, {10, 'retry_after'}, {11, 'deadline'}}
 local starts = {}
 local at = first_ticket
 while at <= #ARGV do
   local i = #starts + 1
   local id = ARGV[at]
-  local lean, fields = tonumber(ARGV[at + 11]), tonumber(ARGV[at + 12])
-  if not lean or not fields or lean > fields or at + 12 + 2 * fields > #ARGV then
-    return bad(i, id or '', 'fields', (ARGV[at + 11] or '') .. ' ' .. (ARGV[at + 12] or ''),
+  local lean, fields = tonumber(ARGV[at + 15]), tonumber(ARGV[at + 16])
+  if not lean or not fields or lean > fields or at + 16 + 2 * fields > #ARGV then
+    return bad(i, id or '', 'fields', (ARGV[at + 15] or '') .. ' ' .. (ARGV[at + 16] or ''),
       'the counts of lean and of all field pairs that follow')
   end
   if id == '' then return bad(i, id, 'id', id, 'a ticket id') end
@@ -139,7 +177,7 @@ while at <= #ARGV do
     if not tonumber(ARGV[at + f[1]]) then return bad(i, id, f[2], ARGV[at + f[1]], 'a number') end
   end
   starts[i] = at
-  at = at + 13 + 2 * fields
+  at = at + 17 + 2 * fields
 end
 
 local submitted, rejected, shed = {}, {}, {}
@@ -152,17 +190,19 @@ local function emit(outcome, id, code, words)
   out[n + 1], out[n + 2], out[n + 3], out[n + 4] = outcome, id, code, words
 end
 local queued = 0
+-- The deadlines set's new entries (expires_at, id), added in one go at the end: nothing here reads it.
+local expiries = {}
 for i = 1, #starts do
   local at = starts[i]
   local id, ticket_type, branch, priority = ARGV[at], ARGV[at + 1], ARGV[at + 2], ARGV[at + 3]
   local score, idem = ARGV[at + 4], ARGV[at + 6]
-  local fields_at = at + 13
-  local lean_end = fields_at + 2 * tonumber(ARGV[at + 11]) - 1
-  local fields_end = fields_at + 2 * tonumber(ARGV[at + 12]) - 1
+  local fields_at = at + 17
+  local lean_end = fields_at + 2 * tonumber(ARGV[at + 15]) - 1
+  local fields_end = fields_at + 2 * tonumber(ARGV[at + 16]) - 1
   local ticket_key = KEYS[6] .. id
   local idem_key = idem ~= '' and (KEYS[7] .. branch .. ':' .. idem) or nil
   local done = false
-  local first_seen = tonumber(created)
+  local first_seen = now
   if idem_key then
     local existing = redis.call('GET', idem_key)
     if existing then
@@ -192,27 +232,32 @@ for i = 1, #starts do
     local code, words, retry_after = ARGV[at + 8], ARGV[at + 9], ARGV[at + 10]
     local held, branches, tokens, weighted = 0, 1, 0, nil
     if code == '' then
-      held, branches, tokens = branch_standing(depths[ticket_type], branch_tokens[ticket_type], branch)
-      local prompt = tonumber(pair_value(fields_at, fields_end, 'prompt_tokens_estimate') or '') or 0
-      local answer = tonumber(pair_value(fields_at, fields_end, 'max_tokens') or '') or 0
+      held, tokens = branch_standing(depths[ticket_type], branch_tokens[ticket_type], branch)
+      branches = branch_count(ticket_type)
+      if held == 0 then branches = branches + 1 end
+      local prompt = tonumber(ARGV[at + 12]) or 0
+      local answer = tonumber(ARGV[at + 13]) or 0
       weighted = weighted_tokens(prompt, answer, w_in, w_out, weights[branch] or 1)
       weighted = token_units(weighted) / TOKEN_UNITS  -- the measure the branch tokens hash keeps
-      code, words = fair_share_verdict(waiting[ticket_type], held, branches, tokens, weighted,
+      code, words = fair_share_verdict(type_depth(ticket_type), held, branches, tokens, weighted,
         density_of(ticket_type), caps[ticket_type], cap_words[ticket_type])
     end
-    local critical = pair_value(fields_at, fields_end, 'admit_late') == '1'
-    local red_line = tonumber(pair_value(fields_at, fields_end, 'red_line') or '') or 0
+    local critical = critical_types[ticket_type]
+    local red_line = tonumber(ARGV[at + 14]) or 0
     if code == '' and red_line > 0 and not critical and queued_depth() >= red_line then
       -- Red's refusal, decided per ticket: the queue never holds more than the red line of work
       -- that is not critical, so the level (the monitor's smoothed depth) holds below red.
       if (tonumber(retry_after) or 0) <= 0 then retry_after = '1' end  -- a caller without admission's
       code, words = 'queue_red', retry_after
     end
-    local deadline = carried_deadline(fields_at, fields_end, first_seen)
-    if code == '' then
-      local late = deadline_refusal(KEYS[1], monitor_key, score, tonumber(created), deadline,
-        critical, pair_value(fields_at, fields_end, 'ahead_types'),
-        tonumber(pair_value(fields_at, fields_end, 'slo_seconds') or ''))
+    local slo = slos[ticket_type]
+    local deadline, deadline_text = tonumber(ARGV[at + 11]), ARGV[at + 11]
+    if first_seen + slo < deadline then  -- a retry: the SLO counts from the first try
+      deadline = first_seen + slo
+      deadline_text = string.format('%.17g', deadline)
+    end
+    if code == '' and not critical then
+      local late = deadline_refusal(KEYS[1], drain_of(ticket_type), score, now, deadline, slo)
       if late then
         retry_after = string.format('%.1f', late)
         code, words = 'deadline_unreachable', retry_after
@@ -220,31 +265,35 @@ for i = 1, #starts do
     end
     if code ~= '' then
       -- lean: only a retry's record needs its first sighting
-      local seen = first_seen < tonumber(created) and string.format('%.17g', first_seen) or ''
+      local seen = first_seen < now and string.format('%.17g', first_seen) or ''
       record_rejected(KEYS[6], id, code, retry_after, fields_at, lean_end, seen, ARGV[3])
       if idem_key then remember_rejected_key(KEYS[7], created, ARGV[3], branch .. ':' .. idem, id) end
       bump(rejected, ticket_type)
       bump(shed, ticket_type .. ':' .. code)
       emit('rejected', id, code, words)
     else
-      local deferred = tonumber(ARGV[at + 7]) > tonumber(created)
+      local deferred = tonumber(ARGV[at + 7]) > now
       if not deferred then
         score = turn_score(waiting[ticket_type], KEYS[1], KEYS[6], held, branches, priority, score)
       end
-      redis.call('HSET', ticket_key, 'id', id, 'status', 'queued', 'score', score,
-        unpack(ARGV, fields_at, fields_end))
       local weighted_text = string.format('%.17g', weighted)
-      redis.call('HSET', ticket_key, 'first_seen_at', string.format('%.17g', first_seen),
-        'weighted_tokens', weighted_text)
-      if deadline then redis.call('HSET', ticket_key, 'deadline', string.format('%.17g', deadline)) end
+      local seen = first_seen < now and string.format('%.17g', first_seen) or created
+      local hash = {'id', id, 'status', 'queued', 'score', score, 'first_seen_at', seen,
+        'weighted_tokens', weighted_text, 'deadline', deadline_text}
+      for j = fields_at, fields_end do hash[j - fields_at + 13] = ARGV[j] end
+      redis.call('HSET', ticket_key, unpack(hash))
       if deferred then
         redis.call('ZADD', KEYS[5], ARGV[at + 7], id)
       else
         redis.call('ZADD', KEYS[1], score, id)
         index_pending(depths[ticket_type], branch, id, score)
       end
-      if held == 0 then lift_service(services[ticket_type], branch) end
-      redis.call('ZADD', KEYS[2], ARGV[at + 5], id)
+      if held == 0 then
+        lift_service(services[ticket_type], branch)
+        type_branches[ticket_type] = branches
+      end
+      type_depths[ticket_type] = type_depth(ticket_type) + 1
+      expiries[#expiries + 1], expiries[#expiries + 2] = ARGV[at + 5], id
       redis.call('ZADD', waiting[ticket_type], created, id)
       count_branch(depths[ticket_type], branch_tokens[ticket_type], branch, 1, weighted_text)
       if densities[ticket_type] then
@@ -270,5 +319,8 @@ if next(shed) then
   end
   redis.call('EXPIRE', KEYS[8], ARGV[3])
 end
-if queued > 0 then wake_workers(KEYS[4], queued, tonumber(ARGV[4])) end
+if queued > 0 then
+  add_all(KEYS[2], expiries)
+  wake_workers(KEYS[4], queued, tonumber(ARGV[4]))
+end
 return out

@@ -24,14 +24,6 @@ local MAX_RETRY_AFTER = 60
 -- keeps a moment for the answer) or answered late.
 local RUN_SHARE = 0.25
 
--- The value of field `name` among the ARGV field pairs from `first` to `last`, or nil.
-local function pair_value(first, last, name)
-  for i = first, last - 1, 2 do
-    if ARGV[i] == name then return ARGV[i + 1] end
-  end
-  return nil
-end
-
 -- The first sighting of a request whose earlier try was shed (its record `old_key`), read before
 -- the record is replaced: the new try's deadline still counts from it.
 local function first_sighting(old_key)
@@ -39,23 +31,12 @@ local function first_sighting(old_key)
   return tonumber(seen[1] or '') or tonumber(seen[2] or '')
 end
 
--- The deadline of a ticket (fields from ARGV[first..last]) first seen at `first_seen`: the type's
--- SLO from then, or the deadline the fields carry when sooner. Returns the deadline, or nil when the
--- ticket carries none.
-local function carried_deadline(first, last, first_seen)
-  local deadline = tonumber(pair_value(first, last, 'deadline') or '')
-  local slo = tonumber(pair_value(first, last, 'slo_seconds') or '')
-  if deadline and slo and first_seen then
-    deadline = math.min(deadline, first_seen + slo)
-  end
-  return deadline
-end
-
--- Seconds until a ticket scored `score` would start, or nil when no fresh service rate is known.
--- The rate is what the workers can do (the monitor's recent peak, the current rate when higher)
--- less the arrivals of the types served ahead of this one (`ahead_types`, comma-separated), which
--- will keep starting before it; none left: it would not start while they keep coming (huge).
-local function start_estimate(pending_key, monitor_key, score, now, ahead_types)
+-- What the monitor last published of the workers' service (`monitor_key`), read once per script
+-- call (it does not change while the script runs): nil when no fresh service rate is known, else
+-- the rate the workers can do (the monitor's recent peak, the current rate when higher) less the
+-- arrivals of the types served ahead (`ahead_types`, comma-separated; those keep starting first)
+-- and the slots the live workers have free (those start at once).
+local function drain_figures(monitor_key, ahead_types, now)
   local fields = {'service_rate', 'service_peak', 'updated_at', 'free_slots'}
   for name in string.gmatch(ahead_types or '', '[^,]+') do fields[#fields + 1] = 'arrival_rate:' .. name end
   local m = redis.call('HMGET', monitor_key, unpack(fields))
@@ -63,20 +44,28 @@ local function start_estimate(pending_key, monitor_key, score, now, ahead_types)
   if not rate or not at or now - at > DRAIN_STALE_SECONDS then return nil end
   rate = math.max(rate, tonumber(m[2] or '') or 0)
   if rate <= 0 then return nil end
-  local ahead = redis.call('ZCOUNT', pending_key, '-inf', score) - (tonumber(m[4] or '') or 0)
+  local left = rate
+  for i = 5, #m do left = left - (tonumber(m[i] or '') or 0) end
+  return {rate = left, free = tonumber(m[4] or '') or 0}
+end
+
+-- Seconds until a ticket scored `score` would start given the monitor's `drain` figures, or nil
+-- when there are none; none of the rate left after the types ahead: it would not start while they
+-- keep coming (huge).
+local function start_estimate(pending_key, drain, score)
+  if not drain then return nil end
+  local ahead = redis.call('ZCOUNT', pending_key, '-inf', score) - drain.free
   if ahead <= 0 then return 0 end
-  for i = 5, #m do rate = rate - (tonumber(m[i] or '') or 0) end
-  if rate <= 0 then return 1e9 end
-  return ahead / rate
+  if drain.rate <= 0 then return 1e9 end
+  return ahead / drain.rate
 end
 
 -- The deadline rule: nil to admit, else the seconds after which a request like this one could
--- start within the same time to spare (its Retry-After). Exempt tickets (`admit_late`) pass. The
--- start must come `RUN_SHARE` of its SLO (`slo`, when known) before the deadline.
-local function deadline_refusal(pending_key, monitor_key, score, now, deadline, admit_late, ahead_types, slo)
-  if admit_late or not deadline then return nil end
-  local wait = start_estimate(pending_key, monitor_key, score, now, ahead_types)
-  local latest = deadline - RUN_SHARE * (slo or 0)
+-- start within the same time to spare (its Retry-After). The caller passes only tickets the rule
+-- may refuse (not critical). The start must come `RUN_SHARE` of its SLO (`slo`) before the deadline.
+local function deadline_refusal(pending_key, drain, score, now, deadline, slo)
+  local wait = start_estimate(pending_key, drain, score)
+  local latest = deadline - RUN_SHARE * slo
   if not wait or now + wait <= latest then return nil end
   return math.min(math.max(1, wait - math.max(latest - now, 0)), MAX_RETRY_AFTER)
 end

@@ -54,19 +54,18 @@ end
 local SHARE_SLACK = 1e-9
 
 -- The cap and fair-share rule of enqueue.lua: "", "" to admit, else the code and words.
--- `waiting_key` holds the type's queued tickets; `held`, `branches` and `tokens` are the branch's
--- standing (lib/tickets.lua `branch_standing`), `weighted` the new ticket's weighted tokens and
+-- `depth` is the type's queued tickets; `held` and `tokens` are the branch's standing
+-- (lib/tickets.lua `branch_standing`), `branches` the waiting branches with it counted, `weighted` the new ticket's weighted tokens and
 -- `density` a function giving the type's density (`type_density`), called only when needed. A branch
 -- with tickets queued while others wait is refused when this one would take its weighted tokens past
 -- its share; with equal tickets that is the cap ÷ the waiting branches, in tickets.
-local function fair_share_verdict(waiting_key, held, branches, tokens, weighted, density, cap, cap_words)
+local function fair_share_verdict(depth, held, branches, tokens, weighted, density, cap, cap_words)
   if branches > 1 and held > 0 then
     local sum = density()
     if sum > 0 and (tokens + weighted) * sum > cap * (1 + SHARE_SLACK) then
       return 'branch_share_exceeded', ''
     end
   end
-  local depth = redis.call('ZCARD', waiting_key)
   if depth >= 2 * cap or (depth >= cap and branches == 1) then
     return 'type_cap_reached', cap_words
   end

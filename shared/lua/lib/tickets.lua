@@ -55,14 +55,12 @@ local function held_tokens(value)
 end
 
 -- Where `branch` stands among a type's waiting branches (`depth_key`, `tokens_key`): its queued
--- tickets of the type, how many branches wait once it is counted among them, and the weighted
--- tokens of its queued tickets. Read once per new ticket and used by the rules of enqueue.lua.
+-- tickets of the type and their weighted tokens. Read once per new ticket and used by the rules of
+-- enqueue.lua (which counts the waiting branches once per call).
 local function branch_standing(depth_key, tokens_key, branch)
   local held = tonumber(redis.call('HGET', depth_key, branch) or '0')
   local tokens = held_tokens(redis.call('HGET', tokens_key, branch))
-  local branches = redis.call('HLEN', depth_key)
-  if held == 0 then branches = branches + 1 end
-  return held, branches, tokens
+  return held, tokens
 end
 
 -- The score of a new ticket that takes its turn: with k branches waiting, the branch's j-th
