@@ -99,6 +99,7 @@ def test_a_retry_storm_on_a_64mb_redis_keeps_loans_flowing_and_the_books_balance
     loan = {"type": "loan_approval", "urgent_level": 2, "prompt": "approve 25k for client 7781?"}
     batch = [loan if i % 20 == 0 else complaint for i in range(500)]
     statuses: dict[int, int] = {}
+    before = int(client.info("memory")["used_memory"])
     peak = 0
     monitor = Monitor(client, client, settings.policy, "storm", MonitorConfig(interval_seconds=0.2))
     stop = threading.Event()
@@ -122,6 +123,9 @@ def test_a_retry_storm_on_a_64mb_redis_keeps_loans_flowing_and_the_books_balance
     assert statuses[202] == 200 * 25 and statuses[429] == 200 * 475
     assert worker.done == statuses[202], "every admitted loan approval finished"
     assert peak < MAXMEMORY * 0.8, f"peak {peak} bytes reached the guard's high-water mark"
+    # Everything the storm left in Redis (the admitted loans' records too), charged to the sheds.
+    grown = int(client.info("memory")["used_memory"]) - before
+    assert grown / (statuses[429] / 1000) <= 300 * 1024, f"{grown} bytes for {statuses[429]} sheds"
     counts = TicketQueue(client, policy, "storm").stats().counts
     assert counts["complaint:submitted"] == counts["complaint:rejected"] == statuses[429]
     assert counts["loan_approval:submitted"] == counts["loan_approval:done"] == statuses[202]
