@@ -133,11 +133,23 @@ def test_monitor_and_status_show_each_queue_they_are_given(
 
 
 def test_one_monitor_process_watches_several_queues_and_serves_their_metrics(
-    redis_url: str, redis_client: Redis, ticket_queue: TicketQueue, queue_name: str, second_queue: str
+    redis_url: str,
+    redis_client: Redis,
+    ticket_queue: TicketQueue,
+    queue_name: str,
+    second_queue: str,
+    rq_queues: RqQueues,
 ) -> None:
     fill(ticket_queue, 35)
     port = free_port()
     args = ["monitor", "--queue", queue_name, "--queue", second_queue, "--interval", "0.2", "--lock-ttl", "2"]
+    # The alarm's action jobs go to this test's rq queues, which the fixture deletes afterwards.
+    args += [
+        "--actions-queue",
+        rq_queues.jobs.actions_queue,
+        "--callbacks-queue",
+        rq_queues.jobs.callbacks_queue,
+    ]
     monitor = subprocess.Popen(
         [sys.executable, "-c", "from tidegate.cli import main; main()", *args, "--metrics-port", str(port)],
         env={**os.environ, **suite_env(redis_url)},

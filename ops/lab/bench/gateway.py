@@ -25,9 +25,11 @@ from typing import Any
 import httpx
 
 from ops.lab.bench.cpu import process_cpu_seconds
+from ops.lab.demo.run import delete_queue_keys
 from ops.lab.stack.stack import SimSettings, Stack, StackConfig, WorkerSettings
 from producer.api.keys import ApiKeyStore, Role
 from shared.policy import default_policy_text
+from shared.redis_conn import make_client
 
 PROMPT = [{"role": "user", "content": "Summarise the account activity of customer 7781."}]
 
@@ -203,10 +205,15 @@ def run_gateway_bench(redis_url: str, run_dir: Path, options: GatewayOptions) ->
         start_monitor=False,
     )
     with Stack(config) as stack:
-        key, _ = ApiKeyStore(stack.redis, stack.queue_keys).create(
-            Role.BRANCH, "0001", "bench gateway", default_type="complaint"
-        )
-        api_pid = next(c.pid for c in stack.children if c.name == "api" and c.pid is not None)
-        result = {"options": options.__dict__, "low_load": low_load(stack, key, options)}
-        result["many_streams"] = asyncio.run(_many(stack, key, options, api_pid))
+        try:
+            key, _ = ApiKeyStore(stack.redis, stack.queue_keys).create(
+                Role.BRANCH, "0001", "bench gateway", default_type="complaint"
+            )
+            api_pid = next(c.pid for c in stack.children if c.name == "api" and c.pid is not None)
+            result = {"options": options.__dict__, "low_load": low_load(stack, key, options)}
+            result["many_streams"] = asyncio.run(_many(stack, key, options, api_pid))
+        finally:
+            stack.stop()  # the processes first, so nothing writes the queue again
+            with make_client(redis_url) as client:
+                delete_queue_keys(client, config.queue_name)
     return result

@@ -9,10 +9,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from redis import Redis
 
 
 @pytest.mark.timeout(120)
-def test_gateway_bench_completes_every_stream_and_reports_its_figures(redis_url: str, tmp_path: Path) -> None:
+def test_gateway_bench_completes_every_stream_and_reports_its_figures(
+    redis_url: str, redis_client: Redis, tmp_path: Path
+) -> None:
+    before = set(redis_client.scan_iter(match="*bench-gateway-*", count=1000))
     env = os.environ | {"TIDEGATE_REDIS_URL": redis_url, "PYTHONUNBUFFERED": "1"}
     command = [sys.executable, "-c", "from tidegate.cli import main; main()", "bench", "gateway"]
     run = subprocess.run(
@@ -30,3 +34,5 @@ def test_gateway_bench_completes_every_stream_and_reports_its_figures(redis_url:
     low = doc["low_load"]
     assert low["gateway"]["p50_ms"] > 0 and low["direct"]["p50_ms"] > 0
     assert json.loads((tmp_path / "results.json").read_text())["many_streams"] == many
+    left = set(redis_client.scan_iter(match="*bench-gateway-*", count=1000)) - before
+    assert not left, f"the bench left its queue behind: {sorted(left)[:5]}"
