@@ -66,8 +66,8 @@ ticket is scored just behind the type's equal-priority ticket at its round-robin
 first. A queued ticket is also indexed under its branch, and a branch that starts waiting has its
 service lifted (lib/fairness.lua), for the claim's token-weighted choice between branches.
 
-Deadlines (lib/deadline.lua): a ticket's values carry its deadline, and the call's each type's SLO,
-whether it is critical (never refused by this rule) and the types served before it. A retry under
+Deadlines (lib/deadline.lua): a ticket's values carry its deadline, the call's header each type's
+SLO, whether it is critical (never refused by this rule) and the types served before it. A retry under
 the idempotency key of a shed try keeps that try's `first_seen_at`, so the SLO counts from the first
 submission. A ticket that would pass every other rule but cannot start before its deadline is
 recorded rejected with code deadline_unreachable and a Retry-After from the estimate.
@@ -112,45 +112,31 @@ local function queued_depth()
   if not depth then depth = redis.call('ZCARD', KEYS[1]) + redis.call('ZCARD', KEYS[5]) end
   return depth
 end
--- Per type, read at its first use in this call and then kept up to date here as tickets are
--- queued (nothing else changes them while the script runs): its density (lib/fairness.lua
--- `type_density`), its queued tickets (the waiting zset's size) and its waiting branches (the
--- branch depth hash's size).
-local densities, type_depths, type_branches = {}, {}, {}
-local function type_depth(ticket_type)
-  local n = type_depths[ticket_type]
-  if not n then
-    n = redis.call('ZCARD', waiting[ticket_type])
-    type_depths[ticket_type] = n
-  end
-  return n
-end
-local function branch_count(ticket_type)
-  local n = type_branches[ticket_type]
-  if not n then
-    n = redis.call('HLEN', depths[ticket_type])
-    type_branches[ticket_type] = n
-  end
-  return n
-end
--- The monitor's figures the deadline rule reads, per type (lib/deadline.lua `drain_figures`),
--- read once per call.
-local drains = {}
-local function drain_of(ticket_type)
-  local m = drains[ticket_type]
-  if m == nil then
-    m = drain_figures(monitor_key, ahead_of[ticket_type], now) or false
-    drains[ticket_type] = m
-  end
-  return m or nil
-end
-local function density_of(ticket_type)
-  return function()
-    if not densities[ticket_type] then
-      densities[ticket_type] = type_density(depths[ticket_type], branch_tokens[ticket_type])
+-- A figure per type, read at its first use in this call (`read(ticket_type)`, nil kept as false)
+-- and then taken from `known`, which the script keeps up to date as it queues tickets (nothing else
+-- changes them while it runs).
+local function per_type(read)
+  local known = {}
+  local function get(ticket_type)
+    local value = known[ticket_type]
+    if value == nil then
+      value = read(ticket_type)
+      if value == nil then value = false end
+      known[ticket_type] = value
     end
-    return densities[ticket_type]
+    return value or nil
   end
+  return get, known
+end
+-- The type's queued tickets (its waiting zset's size) and waiting branches (its branch depth hash's
+-- size); the monitor's figures its deadline rule reads (lib/deadline.lua `drain_figures`); its
+-- density (lib/fairness.lua `type_density`), which the fair-share rule reads only when it needs it.
+local type_depth, type_depths = per_type(function(t) return redis.call('ZCARD', waiting[t]) end)
+local branch_count, type_branches = per_type(function(t) return redis.call('HLEN', depths[t]) end)
+local drain_of = per_type(function(t) return drain_figures(monitor_key, ahead_of[t], now) end)
+local density, densities = per_type(function(t) return type_density(depths[t], branch_tokens[t]) end)
+local function density_of(ticket_type)
+  return function() return density(ticket_type) end
 end
 
 -- Check every ticket before writing any, so a refused batch leaves nothing behind.
@@ -250,6 +236,8 @@ for i = 1, #starts do
       if (tonumber(retry_after) or 0) <= 0 then retry_after = '1' end  -- a caller without admission's
       code, words = 'queue_red', retry_after
     end
+    -- A retry's first sighting as stored (nil for a first try, whose first sighting is `created`).
+    local retry_seen = first_seen < now and string.format('%.17g', first_seen) or nil
     local slo = slos[ticket_type]
     local deadline, deadline_text = tonumber(ARGV[at + 11]), ARGV[at + 11]
     if first_seen + slo < deadline then  -- a retry: the SLO counts from the first try
@@ -265,8 +253,7 @@ for i = 1, #starts do
     end
     if code ~= '' then
       -- lean: only a retry's record needs its first sighting
-      local seen = first_seen < now and string.format('%.17g', first_seen) or ''
-      record_rejected(KEYS[6], id, code, retry_after, fields_at, lean_end, seen, ARGV[3])
+      record_rejected(KEYS[6], id, code, retry_after, fields_at, lean_end, retry_seen or '', ARGV[3])
       if idem_key then remember_rejected_key(KEYS[7], created, ARGV[3], branch .. ':' .. idem, id) end
       bump(rejected, ticket_type)
       bump(shed, ticket_type .. ':' .. code)
@@ -277,8 +264,7 @@ for i = 1, #starts do
         score = turn_score(waiting[ticket_type], KEYS[1], KEYS[6], held, branches, priority, score)
       end
       local weighted_text = string.format('%.17g', weighted)
-      local seen = first_seen < now and string.format('%.17g', first_seen) or created
-      local hash = {'id', id, 'status', 'queued', 'score', score, 'first_seen_at', seen,
+      local hash = {'id', id, 'status', 'queued', 'score', score, 'first_seen_at', retry_seen or created,
         'weighted_tokens', weighted_text, 'deadline', deadline_text}
       for j = fields_at, fields_end do hash[j - fields_at + 13] = ARGV[j] end
       redis.call('HSET', ticket_key, unpack(hash))
