@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import statistics
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -289,14 +290,19 @@ def timed_stream(endpoint: Endpoint, body: dict[str, Any], times: list[float]) -
                 times.append(time.monotonic())
 
 
+# A preempted sequence waits for room and recomputes its prompt: far longer than a few decode steps.
+PREEMPTED_PAUSE_STEPS = 10
+
+
 def test_a_full_kv_cache_under_priority_preempts_the_lowest_priority_not_the_newest(
     endpoint: Endpoint,
 ) -> None:
     """4 sequences of 380 + 260 tokens need 20 blocks of 128; the cache has 16. The first to arrive has
     priority 5, the three after it 0. vLLM's priority policy preempts the running sequence with the
-    largest (priority, arrival), where fcfs would take the newest: so the first one is the one that
-    pauses longest. When it ends is not asserted: on a loaded machine one of the three can reach the
-    server after the preemption, run behind the other two and end after the paused one."""
+    largest (priority, arrival), where fcfs would take the newest and never the oldest: so the first
+    one pauses, for many decode steps. Whether it pauses longest is not asserted, nor when it ends: on
+    a loaded machine the three reach the server in any order and one of them can be preempted too
+    (CI once saw a priority-0 sequence pause 8.9 s beside the first one's 6.8 s)."""
     wait_idle(endpoint)
     preemptions = metric(endpoint, "vllm:num_preemptions_total")
     times: dict[int, list[float]] = {index: [] for index in range(endpoint.max_num_seqs)}
@@ -319,11 +325,13 @@ def test_a_full_kv_cache_under_priority_preempts_the_lowest_priority_not_the_new
         thread.join(timeout=200)
     assert all(times.values()), {index: len(chunks) for index, chunks in times.items()}
     assert metric(endpoint, "vllm:num_preemptions_total") > preemptions
-    longest_pause = {
-        index: max(later - earlier for earlier, later in itertools.pairwise(chunks))
+    gaps = {
+        index: [later - earlier for earlier, later in itertools.pairwise(chunks)]
         for index, chunks in times.items()
     }
-    assert longest_pause[0] == max(longest_pause.values()), longest_pause
+    decode_step = statistics.median(gap for chunk_gaps in gaps.values() for gap in chunk_gaps)
+    longest_pause = {index: max(chunk_gaps) for index, chunk_gaps in gaps.items()}
+    assert longest_pause[0] >= PREEMPTED_PAUSE_STEPS * decode_step, (decode_step, longest_pause)
 
 
 # A prompt of seven step budgets: seven chunks, each in a step of its own.
