@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 from ops.lab.traffic.accounting import AccountingCheck, Ledger
+from ops.lab.traffic.alarm_path import AlarmPath
 from ops.lab.traffic.records import OUTCOMES, TicketRecord, percentile
 
 
@@ -42,6 +43,12 @@ class TypeRow:
     shed: dict[str, int] = field(default_factory=dict)
     """Submissions shed, or requests ended unanswered, by code ("429", "503 scheduler_queue_timeout",
     "expired", ...), as the arm reports them."""
+    admitted: int = 0
+    """Requests the system took on (any outcome but refused or a client error): the share of these
+    answered within their SLO is what admission promised."""
+    onset_offered: int = 0
+    """Requests planned in the first moments at the peak (`ONSET_S`), when a step hits hardest."""
+    onset_within_slo: int = 0
 
 
 def _latencies(records: Iterable[TicketRecord]) -> list[float]:
@@ -52,13 +59,26 @@ def _latencies(records: Iterable[TicketRecord]) -> list[float]:
     ]
 
 
+ONSET_S = 10.0
+"""Seconds from the start of the surge's plateau whose arrivals are counted apart: a step's first
+moments, before any measure of the surge has caught up, are where a gateway lets loans slip."""
+
+REFUSED = frozenset({"rejected", "error", "open"})
+"""Outcomes of a request its system never took on (`open`: no outcome recorded)."""
+
+
 def type_row(
     name: str,
     records: Sequence[TicketRecord],
     slo_seconds: float | None,
     shed: Mapping[str, int] | None = None,
+    onset_at: float | None = None,
 ) -> TypeRow:
+    """`onset_at`: when the surge's plateau starts, in seconds of the plan (None: no onset figures)."""
     outcomes = Counter(r.outcome or "open" for r in records)
+    onset = (
+        [r for r in records if onset_at <= r.planned_at < onset_at + ONSET_S] if onset_at is not None else []
+    )
     latencies = _latencies(records)
     ttfts = [r.client_ttft_s for r in records if r.outcome == "done" and r.client_ttft_s is not None]
     within = sum(1 for value in latencies if slo_seconds is not None and value <= slo_seconds)
@@ -83,6 +103,9 @@ def type_row(
         retries=sum(r.retries for r in records),
         slo_seconds=slo_seconds,
         shed={code: count for code, count in (shed or {}).items() if count},
+        admitted=sum(count for outcome, count in outcomes.items() if outcome not in REFUSED),
+        onset_offered=len(onset),
+        onset_within_slo=sum(1 for r in onset if met_slo(r)),
     )
 
 
@@ -184,6 +207,8 @@ class SystemFigures:
     send_lag: dict[str, float | None] = field(default_factory=dict)
     """How late the branches' first sends were against the plan (p50_s, p99_s, max_s): with the harness's
     CPU in `cpu_cores`, whether the load generator kept up."""
+    alarm: AlarmPath | None = None
+    """The alarm's path through the run; None for a system without alarms."""
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -206,13 +231,18 @@ def system_figures(
     shed_codes: Mapping[str, Mapping[str, int]] | None = None,
     client: str = "",
     send_lag: Mapping[str, float | None] | None = None,
+    alarm: AlarmPath | None = None,
+    onset_at: float | None = None,
 ) -> SystemFigures:
     codes = shed_codes or {}
-    rows = {t: type_row(t, [r for r in records if r.type == t], slo_by_type[t], codes.get(t)) for t in types}
+    rows = {
+        t: type_row(t, [r for r in records if r.type == t], slo_by_type[t], codes.get(t), onset_at)
+        for t in types
+    }
     everything: Counter[str] = Counter()
     for by_code in codes.values():
         everything.update(by_code)
-    rows["all"] = type_row("all", records, None, everything)
+    rows["all"] = type_row("all", records, None, everything, onset_at)
     busy = _share(goodput_tokens_per_s, capacity_tokens_per_s)
     slo_share = _share(slo_goodput_tokens_per_s, capacity_tokens_per_s)
     return SystemFigures(
@@ -232,6 +262,7 @@ def system_figures(
         shed_rate=round(1 - rows["all"].done / rows["all"].offered, 4) if rows["all"].offered else None,
         client=client,
         send_lag=dict(send_lag or {}),
+        alarm=alarm,
     )
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -43,15 +43,13 @@ from ops.lab.bench.systems import (
     start_simulators,
 )
 from ops.lab.bench.tidegate_arm import TidegateRunner
+from ops.lab.bench.verdict import run_verdict
+from ops.lab.traffic.alarm_path import alarm_path
 from ops.lab.traffic.capacity import estimate_capacity
 from ops.lab.traffic.workload import PlannedArrival, plan_arrivals, sample_tickets, summarize
 from shared.policy import Policy
 
 CAPACITY_SAMPLE_TICKETS = 400
-
-
-CRITICAL_WITHIN_SLO = 0.99
-"""Share of a critical type's tickets that must be answered within its SLO for the verdict."""
 
 
 @dataclass(frozen=True)
@@ -113,7 +111,7 @@ class OverloadBench:
         runs = [self._arm(name)(plan) for name in s.systems]
         capacity_tokens = capacity.tokens_per_s * s.gpus
         figures = {run.name: self._figures(run, capacity_tokens) for run in runs}
-        verdict = self._verdict(figures)
+        verdict = run_verdict(figures, self.setup.types, self.setup.policy, s.memory)
         document = {
             "command": self.command,
             "machine": machine | {"load_average_at_end": describe_machine()["load_average_1_5_15_min"]},
@@ -201,41 +199,9 @@ class OverloadBench:
             shed_codes=run.shed_codes,
             client=run.client,
             send_lag=run.send_lag,
+            alarm=alarm_path(run.alarms) if run.alarms is not None else None,
+            onset_at=start,
         )
-
-    def _verdict(self, figures: Mapping[str, SystemFigures]) -> dict[str, dict[str, bool]]:
-        """The issue's "done when", checked: tidegate holds up, the baseline shows the seed's failure."""
-        critical = [t for t in self.setup.types if self.setup.policy.is_critical(t)]
-        verdict: dict[str, dict[str, bool]] = {}
-        ours = figures.get("tidegate")
-        if ours is not None:
-            checks = {
-                "zero OOM crashes": ours.oom_crashes == 0,
-                "accounting holds": ours.books.holds,
-                "busy fraction in the surge >= 90%": (ours.busy_fraction or 0.0) >= 0.9,
-            }
-            for t in critical:
-                row = ours.rows[t]
-                checks[f"{t} p99 within its {row.slo_seconds:g} s SLO"] = (
-                    row.p99_s is not None and row.slo_seconds is not None and row.p99_s <= row.slo_seconds
-                )
-                checks[f"{t} >= {CRITICAL_WITHIN_SLO:.0%} within its SLO"] = (
-                    row.offered > 0 and row.within_slo >= CRITICAL_WITHIN_SLO * row.offered
-                )
-                checks[f"{t} none rejected"] = (
-                    row.rejected == 0 and ours.books.by_type.get(t, {}).get("rejected", 0) == 0
-                )
-            verdict["tidegate"] = checks
-        seed = figures.get("fifo")
-        if seed is not None and self.setup.scenario.memory == "tight":
-            checks = {"OOM crashes happened": seed.oom_crashes > 0, "accounting holds": seed.books.holds}
-            for t in critical:
-                row = seed.rows[t]
-                checks[f"{t} p99 above its {row.slo_seconds:g} s SLO (or none answered)"] = (
-                    row.p99_s is None or row.slo_seconds is None or row.p99_s > row.slo_seconds
-                )
-            verdict["fifo"] = checks
-        return verdict
 
 
 def _arrivals_per_second(plan: Sequence[PlannedArrival], duration_s: float) -> list[float]:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.table import Table
 
-from ops.lab.bench.figures import ARM_CLIENTS, SystemFigures, TypeRow
+from ops.lab.bench.figures import ARM_CLIENTS, ONSET_S, SystemFigures, TypeRow
 
 if TYPE_CHECKING:
     from ops.lab.bench.overload import OverloadResult
@@ -97,10 +97,16 @@ def _shed(row: TypeRow) -> str:
     return ", ".join(f"{code} {count}" for code, count in sorted(row.shed.items())) or "-"
 
 
+def _onset(row: TypeRow) -> str:
+    return f"{row.onset_within_slo} of {row.onset_offered}" if row.onset_offered else "-"
+
+
 CLASS_COLUMNS: tuple[tuple[str, Callable[[TypeRow], str]], ...] = (
     ("offered", lambda r: str(r.offered)),
+    ("admitted", lambda r: str(r.admitted)),
     ("answered", lambda r: str(r.done)),
     ("within SLO", _within),
+    (f"first {ONSET_S:g} s at the peak: within SLO", _onset),
     ("shed / unanswered by code", _shed),
     ("TTFT p50/p99 s", lambda r: f"{_seconds(r.ttft_p50_s)}/{_seconds(r.ttft_p99_s)}"),
     ("e2e p50/p99 s", lambda r: f"{_seconds(r.p50_s)}/{_seconds(r.p99_s)}"),
@@ -110,8 +116,9 @@ CLASS_COLUMNS: tuple[tuple[str, Callable[[TypeRow], str]], ...] = (
 def per_class_table(systems: Sequence[SystemFigures], types: Sequence[str], title: str) -> Table:
     """One row per (class, arm): what each arm did with each ticket type, side by side."""
     caption = (
-        "offered: unique requests (retries not counted); within SLO: answered within the type's SLO from "
-        "the branch's first submission; shed by code: submissions refused (429, 503 queue timeout, dropped "
+        "offered: unique requests (retries not counted); admitted: taken on (not refused); within SLO: "
+        "answered within the type's SLO from the branch's first submission; first seconds at the peak: "
+        "requests planned then, when a step hits hardest; shed by code: submissions refused (429, 503 queue timeout, dropped "
         "connection) and requests ended unanswered (expired at TTL, failed, cancelled); TTFT: a streaming "
         "branch's send of the answered submission to its first text (- where the arm's client does not "
         "stream); e2e: the first submission to the answer's end"
@@ -144,6 +151,13 @@ def harness_line(system: SystemFigures) -> str:
     )
 
 
+def _alarm(system: SystemFigures) -> str:
+    path = system.alarm
+    if path is None:
+        return "-"
+    return f"{path.transitions} ({path.red_entries})" + ("" if path.holds else " cycling")
+
+
 def arms_table(systems: Sequence[SystemFigures]) -> Table:
     """Per arm: busy and SLO goodput beside the shed rate, OOM crashes and the CPU each process used,
     and whether the harness kept up (its send lag and CPU)."""
@@ -155,6 +169,7 @@ def arms_table(systems: Sequence[SystemFigures]) -> Table:
         "shed rate",
         "OOM crashes",
         "preemptions",
+        "alarm transitions (red entries)",
         title="per arm, in the surge (goodput ÷ measured capacity)",
     )
     table.add_column("send lag p50/p99/max s", no_wrap=True)
@@ -173,6 +188,7 @@ def arms_table(systems: Sequence[SystemFigures]) -> Table:
             _fraction(system.shed_rate),
             str(system.oom_crashes),
             str(system.preemptions),
+            _alarm(system),
             "/".join(_seconds(lag.get(k), 3) for k in ("p50_s", "p99_s", "max_s")),
             _harness_cpu(system),
             cores or "-",
@@ -218,6 +234,8 @@ def print_result(console: Console, result: OverloadResult) -> None:
         console.print(f"{system.name} {system.books.line}", highlight=False)
         cores = ", ".join(f"{name} {value:.2f}" for name, value in system.cpu_cores.items())
         console.print(f"{system.name} CPU (cores): {cores}", highlight=False)
+        if system.alarm is not None:
+            console.print(f"{system.name} {system.alarm.line()}", highlight=False)
         for note in system.notes:
             console.print(f"{system.name}: {note}", highlight=False)
     for name, memory in result.document.get("redis_memory", {}).items():

@@ -29,6 +29,7 @@ from ops.lab.procs.ports import free_port, http_ok
 from ops.lab.stack.stack import SimSettings, tidegate_command
 from ops.lab.traffic.accounting import Ledger
 from ops.lab.traffic.records import OUTCOMES, TicketRecord
+from ops.lab.traffic.timeseries import AlarmChange
 from ops.lab.traffic.workload import PlannedArrival
 from shared.policy import AlarmLevel, Policy
 
@@ -63,6 +64,8 @@ class SystemRun:
     send_lag: dict[str, float | None] = field(default_factory=dict)
     """How late the branches' sends were against the plan: with the harness's CPU in `cpu_cores`, it
     shows whether the load generator, not the system, set the figures."""
+    alarms: list[AlarmChange] | None = None
+    """The monitor's alarm transitions, oldest first; None for a system without alarms."""
 
     def harness(self) -> dict[str, object]:
         """The load generator's own figures, for results.json."""

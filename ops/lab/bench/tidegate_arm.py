@@ -44,7 +44,7 @@ from ops.lab.stack.stack import Stack, StackConfig, WorkerSettings
 from ops.lab.traffic.accounting import AccountingCheck, check_accounting
 from ops.lab.traffic.player import PlayerSettings, RetryPolicy, TrafficPlayer
 from ops.lab.traffic.records import OUTCOMES, TicketRecord
-from ops.lab.traffic.timeseries import take_sample
+from ops.lab.traffic.timeseries import read_alarm_changes, take_sample
 from ops.lab.traffic.workload import PlannedArrival
 from shared.live_workers import read_live_workers
 from shared.policy import AlarmLevel
@@ -158,7 +158,7 @@ class TidegateRunner:
         )
         surge = surge_meter(s)
         memory = MemoryWatch(stack.redis)
-        t0 = time.monotonic()
+        t0, wall_t0 = time.monotonic(), time.time()
         timeline.start(t0)
         cpu.start()
         surge.start()
@@ -174,6 +174,7 @@ class TidegateRunner:
         redis_memory = memory_figures(memory, stack.redis, queue.keys, records)
         counts = _settled_counts(queue, counts_before, self.setup.types)
         check = branches.check(counts, self.setup.types)
+        alarms, _ = read_alarm_changes(stack.redis, queue.keys, "-", wall_t0)
         return SystemRun(
             "tidegate",
             records,
@@ -188,6 +189,7 @@ class TidegateRunner:
             shed_codes=branches.shed_codes(records, self.setup.types),
             client=branches.client,
             send_lag=branches.send_lag(records),
+            alarms=alarms,
         )
 
 

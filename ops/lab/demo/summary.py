@@ -17,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ops.lab.traffic.accounting import AccountingCheck
+from ops.lab.traffic.alarm_path import alarm_path
 from ops.lab.traffic.records import REQUEST_ENDS, TypeFigures
 from ops.lab.traffic.timeseries import AlarmChange
 from ops.lab.traffic.workload import LoadProfile
@@ -108,8 +109,10 @@ class DemoReport:
         critical = f"{names} rejected: {self.critical_rejected}" + (
             " (never shed)" if self.critical_rejected == 0 else " (SHED)"
         )
+        path = alarm_path(self.alarms)
         return [
             (self.alarm_fired, fired),
+            (path.holds and path.red_entries <= 1, path.line()),
             (self.critical_rejected == 0, critical),
             (self.requests_balance, self.requests_line()),
             (self.accounting.holds, self.accounting.line()),
@@ -136,6 +139,7 @@ class DemoReport:
             "checks": {
                 "alarm_fired": self.alarm_fired,
                 "alarms_raised_in_surge": len(self.alarms_in_surge()),
+                "alarm_path": alarm_path(self.alarms).to_dict(),
                 "critical_rejected": self.critical_rejected,
                 "accounting_holds": self.accounting.holds,
                 "accounting_line": self.accounting.line(),

@@ -5,12 +5,15 @@ and the categories sum to the requests planned."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from rich.console import Console
 
 from ops.lab.demo.summary import DemoReport, print_report
 from ops.lab.traffic.accounting import check_accounting
+from ops.lab.traffic.alarm_path import alarm_path
 from ops.lab.traffic.records import TicketRecord, type_figures
+from ops.lab.traffic.timeseries import AlarmChange
 
 TYPES = ["loan_approval", "complaint"]
 
@@ -116,3 +119,19 @@ def test_the_table_shows_requests_by_end_and_retries_apart() -> None:
     # type, requests, within SLO, late, degraded, gave up, other, retries
     assert cells[:8] == ["total", "6", "1 (17%)", "1 (17%)", "1 (17%)", "1 (17%)", "2", "6"]
     assert "✔ requests: 6 planned" in text
+
+
+def test_an_alarm_that_enters_red_twice_is_marked_cycling_in_the_checks() -> None:
+    cycling = [
+        AlarmChange(float(t), 1_000.0 + t, a, b, 80)
+        for t, (a, b) in enumerate(
+            [("green", "orange"), ("orange", "red"), ("red", "orange"), ("orange", "red")]
+        )
+    ]
+    summary = replace(report(planned=6), alarms=cycling, peak_level="red")
+    line = next(line for ok, line in summary.check_lines() if line.startswith("alarm: 4 transitions"))
+    assert (False, line) in summary.check_lines()
+    assert "red entered 2 time(s), CYCLING (1 rises after a fall)" in line
+    held = replace(summary, alarms=cycling[:3])
+    assert (True, alarm_path(cycling[:3]).line()) in held.check_lines()
+    assert held.to_dict()["checks"]["alarm_path"]["holds"] is True
