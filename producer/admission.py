@@ -173,9 +173,11 @@ class AdmissionController:
 
     @property
     def red_line(self) -> int:
-        """Tickets queued beside which other work is refused while the queue is busy."""
+        """Tickets queued beside which other work is refused while the queue is busy: halfway from
+        orange to red, so the loans that pass it keep the smoothed depth under red too (a line a clear
+        margin under red held the depth at the threshold, and loans on top tipped it over and back)."""
         alarms = self.policy.alarms
-        return max(alarms.red - alarms.clear_margin, alarms.orange + 1)
+        return max((alarms.orange + alarms.red) // 2, alarms.orange + 1)
 
     def decide(self, request: TicketRequest) -> Decision:
         return self._verdict(request, self.open_circuit(), self.state())
@@ -206,8 +208,7 @@ class AdmissionController:
         if decision.admitted and self._cap_seen(request):
             return replace(decision, code=ShedCode.TYPE_CAP, options=EnqueueOptions())
         if decision.admitted and state.level >= AlarmLevel.YELLOW:
-            # A busy queue is held below red ticket by ticket (the enqueue script's red line, a
-            # clear margin under the threshold, for the critical tickets that pass it), so the
-            # level, smoothed from its depth, holds instead of cycling red and orange.
+            # A busy queue is held below red ticket by ticket (the enqueue script's red line), so
+            # the level, smoothed from its depth, holds instead of cycling red and orange.
             return replace(decision, options=replace(decision.options, red_line=self.red_line))
         return decision

@@ -72,8 +72,8 @@ the idempotency key of a shed try keeps that try's `first_seen_at`, so the SLO c
 submission. A ticket that would pass every other rule but cannot start before its deadline is
 recorded rejected with code deadline_unreachable and a Retry-After from the estimate.
 
-The red line: a ticket's values may carry a red line (admission draws it while the queue is busy:
-the policy's red threshold). A ticket that is not critical, passing every rule before it, is
+The red line: a ticket's values may carry a red line (admission draws it while the queue is busy,
+below the policy's red threshold: producer/admission.py). A ticket that is not critical, passing every rule before it, is
 refused with queue_red when the queue already holds that many tickets (ready plus delayed), counted
 on through the batch: the queue holds below red ticket by ticket instead of overshooting it between
 the monitor's samples and cycling red and orange.

@@ -52,5 +52,5 @@ def test_admission_draws_the_line_only_while_the_queue_is_busy(
     assert admission.decide(req("complaint")).options.red_line == 0, "green: bursts queue freely"
     publish_alarm(redis_client, ticket_queue.keys, "yellow")
     assert (
-        admission.decide(req("complaint")).options.red_line == policy.alarms.red - policy.alarms.clear_margin
+        admission.decide(req("complaint")).options.red_line == (policy.alarms.orange + policy.alarms.red) // 2
     )
