@@ -218,8 +218,8 @@ def _run_one(config: WorkerConfig) -> None:
 
 def _on_stop_signals(stop: Callable[[], None]) -> None:
     def handler(signum: int, _frame: object) -> None:
+        stop()  # first: a log write interrupted by this handler must not keep the stop from happening
         log.info("%s: stopping", signal.Signals(signum).name)
-        stop()
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)

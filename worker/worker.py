@@ -52,6 +52,11 @@ log = logging.getLogger(__name__)
 
 ABORT_SETTLE_SECONDS = 10.0
 """How long aborted tickets may take to be written back after the grace period."""
+SIGNAL_CHECK_SECONDS = 0.5
+"""How often the main thread wakes while it waits for a stop: Python runs a signal's handler only
+in the main thread, and a SIGTERM the kernel hands to another thread does not wake a main thread
+asleep in a wait without a timeout. (A supervised worker restarted a moment before its SIGTERM once
+showed no sign of it in CI; this path, and a log write inside the handler, are ruled out.)"""
 
 
 def _sizer(config: WorkerConfig, policy: Policy) -> BatchSizer:
@@ -226,7 +231,8 @@ class Worker:
         self.housekeeping.start()
         claimer = threading.Thread(target=self._claim_then_signal, name="claim-loop", daemon=True)
         claimer.start()
-        self.stop_requested.wait()
+        while not self.stop_requested.wait(SIGNAL_CHECK_SECONDS):
+            pass
         self.shutdown(claimer)
         return 0
 
