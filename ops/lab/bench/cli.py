@@ -154,8 +154,8 @@ def overload_command(
     ablate: list[str] | None = typer.Option(
         None,
         "--ablate",
-        help="take a worker mechanism that has no product setting out, repeatable: throttle "
-        "(the adaptive throttle)",
+        help="take a mechanism that has no product setting out, repeatable: throttle (the worker's "
+        "adaptive throttle), deadlines (early refusal by deadline and no start past it)",
     ),
     baseline: bool = typer.Option(
         True, "--baseline/--no-baseline", help="run the FIFO baseline too (leave it out for ablation runs)"

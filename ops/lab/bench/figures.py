@@ -211,7 +211,8 @@ class SystemFigures:
     """The alarm's path through the run; None for a system without alarms."""
 
     def to_dict(self) -> dict[str, object]:
-        return asdict(self)
+        """Every field, the alarm's path with its verdict (`holds`), which `asdict` alone leaves out."""
+        return asdict(self) | {"alarm": self.alarm.to_dict() if self.alarm is not None else None}
 
 
 def system_figures(

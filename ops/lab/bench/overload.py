@@ -199,7 +199,7 @@ class OverloadBench:
             shed_codes=run.shed_codes,
             client=run.client,
             send_lag=run.send_lag,
-            alarm=alarm_path(run.alarms) if run.alarms is not None else None,
+            alarm=alarm_path(run.alarms, run.alarms_complete) if run.alarms is not None else None,
             onset_at=start,
         )
 

@@ -66,6 +66,8 @@ class SystemRun:
     shows whether the load generator, not the system, set the figures."""
     alarms: list[AlarmChange] | None = None
     """The monitor's alarm transitions, oldest first; None for a system without alarms."""
+    alarms_complete: bool = True
+    """False when the capped event stream dropped some of the run's transitions."""
 
     def harness(self) -> dict[str, object]:
         """The load generator's own figures, for results.json."""

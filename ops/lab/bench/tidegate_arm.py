@@ -44,7 +44,7 @@ from ops.lab.stack.stack import Stack, StackConfig, WorkerSettings
 from ops.lab.traffic.accounting import AccountingCheck, check_accounting
 from ops.lab.traffic.player import PlayerSettings, RetryPolicy, TrafficPlayer
 from ops.lab.traffic.records import OUTCOMES, TicketRecord
-from ops.lab.traffic.timeseries import read_alarm_changes, take_sample
+from ops.lab.traffic.timeseries import events_trimmed_after, read_alarm_changes, take_sample
 from ops.lab.traffic.workload import PlannedArrival
 from shared.live_workers import read_live_workers
 from shared.policy import AlarmLevel
@@ -112,7 +112,8 @@ class TidegateRunner:
             run_dir=self.setup.results_dir / "tidegate",
             gpus=s.gpus,
             sim=s.sim_settings(),
-            worker=WorkerSettings(extra_args=s.worker_args, ablate=s.ablate),
+            worker=WorkerSettings(extra_args=s.worker_args),
+            ablate=s.ablate,
             env={"RQ_KEY_PREFIX": rq_key_prefix(queue_name)},  # rq's keys go with the queue's at the end
         )
         self.setup.progress(
@@ -175,6 +176,7 @@ class TidegateRunner:
         counts = _settled_counts(queue, counts_before, self.setup.types)
         check = branches.check(counts, self.setup.types)
         alarms, _ = read_alarm_changes(stack.redis, queue.keys, "-", wall_t0)
+        alarms_complete = not events_trimmed_after(stack.redis, queue.keys, "-")
         return SystemRun(
             "tidegate",
             records,
@@ -190,6 +192,7 @@ class TidegateRunner:
             client=branches.client,
             send_lag=branches.send_lag(records),
             alarms=alarms,
+            alarms_complete=alarms_complete,
         )
 
 

@@ -10,6 +10,7 @@ otherwise); retries are a column of their own, so the rows sum to the requests p
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from typing import Any
 
 from rich.console import Console, Group, RenderableType
@@ -17,7 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ops.lab.traffic.accounting import AccountingCheck
-from ops.lab.traffic.alarm_path import alarm_path
+from ops.lab.traffic.alarm_path import AlarmPath, alarm_path
 from ops.lab.traffic.records import REQUEST_ENDS, TypeFigures
 from ops.lab.traffic.timeseries import AlarmChange
 from ops.lab.traffic.workload import LoadProfile
@@ -85,6 +86,11 @@ class DemoReport:
             return []
         return [a for a in self.alarms if a.previous == "green" and self.profile.phase(a.t) == "surge"]
 
+    @cached_property
+    def alarm_path(self) -> AlarmPath:
+        """The level's path through the run (the report is built once the run has ended)."""
+        return alarm_path(self.alarms)
+
     @property
     def alarm_fired(self) -> bool:
         return LEVEL_ORDER.index(self.peak_level) >= LEVEL_ORDER.index("yellow")
@@ -109,7 +115,7 @@ class DemoReport:
         critical = f"{names} rejected: {self.critical_rejected}" + (
             " (never shed)" if self.critical_rejected == 0 else " (SHED)"
         )
-        path = alarm_path(self.alarms)
+        path = self.alarm_path
         return [
             (self.alarm_fired, fired),
             (path.holds and path.red_entries <= 1, path.line()),
@@ -139,7 +145,7 @@ class DemoReport:
             "checks": {
                 "alarm_fired": self.alarm_fired,
                 "alarms_raised_in_surge": len(self.alarms_in_surge()),
-                "alarm_path": alarm_path(self.alarms).to_dict(),
+                "alarm_path": self.alarm_path.to_dict(),
                 "critical_rejected": self.critical_rejected,
                 "accounting_holds": self.accounting.holds,
                 "accounting_line": self.accounting.line(),

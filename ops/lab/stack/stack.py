@@ -118,8 +118,6 @@ class WorkerSettings:
     model_config: str | None = None
     log_level: str = "info"
     extra_args: tuple[str, ...] = ()
-    ablate: tuple[str, ...] = ()
-    """Mechanisms taken out for an ablation run (ops/lab/bench/ablation.py)."""
 
     def args(self) -> list[str]:
         return [
@@ -153,6 +151,8 @@ class StackConfig:
     policy_file: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     """Extra environment for every child (TIDEGATE_* settings, for instance)."""
+    ablate: tuple[str, ...] = ()
+    """Mechanisms taken out of the workers and the monitor for an ablation run (ops/lab/bench/ablation.py)."""
     vllm_cpu_kv_cache_bytes: int = 256 * 1024 * 1024
     vllm_cpu_max_num_seqs: int = 8
 
@@ -318,10 +318,14 @@ class Stack:
             from ops.lab.vllm_cpu.paths import model_dir
 
             args += ["--model-config", str(model_dir())]
-        if self.config.worker.ablate:
-            ablate = [x for name in self.config.worker.ablate for x in ("--ablate", name)]
-            return [sys.executable, "-m", "ops.lab.bench.ablation", *ablate, *args]
-        return tidegate_command(*args)
+        return self._ablated_command(*args)
+
+    def _ablated_command(self, *args: str) -> list[str]:
+        """`tidegate ARGS`, through the lab's ablation wrapper when the run takes mechanisms out."""
+        if not self.config.ablate:
+            return tidegate_command(*args)
+        ablate = [x for name in self.config.ablate for x in ("--ablate", name)]
+        return [sys.executable, "-m", "ops.lab.bench.ablation", *ablate, *args]
 
     def start_worker(self, gpu: int) -> ChildProcess:
         """Start (or restart after `stop_worker`) the worker of `gpu`; returns without waiting."""
@@ -360,7 +364,7 @@ class Stack:
         port = free_port()
         child = self._child(
             "monitor",
-            tidegate_command(
+            self._ablated_command(
                 "monitor",
                 "--metrics-port",
                 str(port),

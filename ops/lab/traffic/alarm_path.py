@@ -24,24 +24,33 @@ class AlarmPath:
     red_entries: int
     rises_after_fall: int
     """Transitions up that came after a transition down: each one is a cycle."""
+    complete: bool = True
+    """False when the capped event stream dropped transitions of the run: the path is then unproven."""
 
     @property
     def holds(self) -> bool:
-        """Up, hold, down: no level was entered again from below after the level had fallen."""
-        return self.rises_after_fall == 0
+        """Up, hold, down: no level was entered again from below after the level had fallen (and
+        no transition of the run is missing)."""
+        return self.rises_after_fall == 0 and self.complete
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self) | {"holds": self.holds}
 
     def line(self) -> str:
-        shape = "up, hold, down" if self.holds else f"CYCLING ({self.rises_after_fall} rises after a fall)"
+        if not self.complete:
+            shape = "UNPROVEN (the event stream dropped some of the run's transitions)"
+        elif self.holds:
+            shape = "up, hold, down"
+        else:
+            shape = f"CYCLING ({self.rises_after_fall} rises after a fall)"
         return f"alarm: {self.transitions} transitions, red entered {self.red_entries} time(s), {shape}: " + (
             " → ".join(self.levels) or "green throughout"
         )
 
 
-def alarm_path(changes: Sequence[AlarmChange]) -> AlarmPath:
-    """The path of `changes`, oldest first; an unknown level name is an error, not a guess."""
+def alarm_path(changes: Sequence[AlarmChange], complete: bool = True) -> AlarmPath:
+    """The path of `changes`, oldest first (`complete`: none of the run's are missing); an unknown
+    level name is an error, not a guess."""
     levels: list[str] = []
     rises = red_entries = rises_after_fall = 0
     fallen = False
@@ -56,4 +65,4 @@ def alarm_path(changes: Sequence[AlarmChange]) -> AlarmPath:
             red_entries += level is AlarmLevel.RED
         elif level < previous:
             fallen = True
-    return AlarmPath(tuple(levels), len(changes), rises, red_entries, rises_after_fall)
+    return AlarmPath(tuple(levels), len(changes), rises, red_entries, rises_after_fall, complete)

@@ -11,8 +11,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, cast
 
 from redis import Redis
+from redis.exceptions import ResponseError
 
-from shared.control import read_control_state
+from shared.control import EVENTS_MAXLEN, read_control_state
 from shared.keys import QueueKeys
 from shared.live_workers import read_live_workers
 from shared.policy import Policy
@@ -105,6 +106,36 @@ def read_alarm_changes(
             )
         )
     return changes, last
+
+
+def events_trimmed_after(redis: Redis, keys: QueueKeys, after_id: str) -> bool:
+    """Whether the capped event stream has dropped an entry newer than `after_id` ("-": any entry):
+    then a path read after `after_id` may be missing its first transitions. A trim drops the oldest
+    entries, so one newer than `after_id` is gone only if the oldest kept entry is newer too."""
+    try:
+        info = {_text(k): v for k, v in cast("dict[Any, Any]", redis.xinfo_stream(keys.events)).items()}
+    except ResponseError:  # no stream: nothing was written, so nothing was dropped
+        return False
+    length = int(info.get("length", 0))
+    added = info.get("entries-added")
+    if added is None:  # a server that does not count what it added (before Redis 7): a full stream may have
+        return length >= EVENTS_MAXLEN
+    first = info.get("first-entry")
+    if int(added) <= length or not first:
+        return False
+    return _stream_id(first[0]) > _stream_id(after_id)
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _stream_id(entry_id: str | bytes) -> tuple[int, int]:
+    text = _text(entry_id)
+    if text == "-":
+        return (0, 0)
+    ms, _, seq = text.partition("-")
+    return (int(ms), int(seq or 0))
 
 
 @dataclass

@@ -95,6 +95,8 @@ def test_slo_goodput_below_nine_tenths_is_short_even_with_the_gpu_busy() -> None
 def test_a_cycling_alarm_is_short() -> None:
     ours = figures(good_records(), levels=("green", "orange", "red", "orange", "red", "green"))
     assert failed(ours) == ["alarm up, hold, down (no cycling)"]
+    alarm = ours.to_dict()["alarm"]
+    assert isinstance(alarm, dict) and alarm["holds"] is False  # results.json carries the verdict too
 
 
 def test_admitted_complaints_answered_late_are_short_but_refused_ones_do_not_count() -> None:

@@ -3,9 +3,11 @@ from __future__ import annotations
 import itertools
 
 import pytest
+from redis import Redis
 
 from ops.lab.traffic.alarm_path import alarm_path
-from ops.lab.traffic.timeseries import AlarmChange
+from ops.lab.traffic.timeseries import AlarmChange, events_trimmed_after
+from shared.keys import QueueKeys
 
 
 def changes(*levels: str) -> list[AlarmChange]:
@@ -49,3 +51,22 @@ def test_no_transitions_is_green_throughout_and_holds() -> None:
 def test_an_unknown_level_is_an_error_not_a_guess() -> None:
     with pytest.raises(KeyError):
         alarm_path(changes("green", "purple"))
+
+
+def test_a_path_missing_transitions_is_unproven_not_holding() -> None:
+    path = alarm_path(changes("green", "yellow", "orange"), complete=False)
+    assert not path.holds
+    assert "UNPROVEN" in path.line()
+    assert path.to_dict()["holds"] is False
+
+
+def test_a_trimmed_event_stream_is_told_from_the_id_it_was_read_after(
+    redis_client: Redis, queue_name: str
+) -> None:
+    keys = QueueKeys(queue_name)
+    assert not events_trimmed_after(redis_client, keys, "-")  # no stream yet
+    ids = [redis_client.xadd(keys.events, {"kind": "alarm", "n": str(n)}) for n in range(3)]
+    assert not events_trimmed_after(redis_client, keys, "-")
+    redis_client.xtrim(keys.events, maxlen=2, approximate=False)  # drops the first
+    assert events_trimmed_after(redis_client, keys, "-")
+    assert not events_trimmed_after(redis_client, keys, str(ids[1]))  # read from a kept entry: all there
