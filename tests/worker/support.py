@@ -33,6 +33,22 @@ def completion(*, ttft: float, tpot: float, prompt: int = 400, tokens: int = 101
     )
 
 
+def running_ticket(kind: str = "complaint", **fields: Any) -> Ticket:
+    """A running ticket of type `kind`, created at 0 with a minute to live; `fields` override any field."""
+    defaults: dict[str, Any] = {
+        "id": "t1",
+        "branch_id": "b1",
+        "status": TicketStatus.RUNNING,
+        "priority": 1.0,
+        "prompt": "hi",
+        "max_tokens": 8,
+        "ttl_seconds": 60,
+        "created_at": 0.0,
+        "expires_at": 60.0,
+    }
+    return Ticket(type=kind, **(defaults | fields))
+
+
 def ticket(kind: str, **extra: Any) -> dict[str, Any]:
     """A ticket body of type `kind` for branch b1 with a short answer; `extra` adds or overrides fields."""
     return {"type": kind, "branch_id": "b1", "prompt": f"{kind} request " * 20, "max_tokens": 16, **extra}

@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ops.lab.sim.process import SimulatorProcess
-from shared.models import Ticket, TicketStatus
+from shared.models import TicketStatus
 from shared.queue import TicketQueue
 from tests.worker.conftest import RunningWorker
-from tests.worker.support import producer_for, submit, ticket, wait_all_ended
+from tests.worker.support import producer_for, running_ticket, submit, ticket, wait_all_ended
 from worker.deadlines import DEADLINE_PASSED, StartRule
 
 
@@ -35,26 +35,12 @@ def test_a_worker_does_not_start_what_is_due_before_it_could_answer(
     assert "loan_approval:deadline_passed" not in counts
 
 
-def _due(deadline: float | None, kind: str = "complaint") -> Ticket:
-    return Ticket(
-        id="t1",
-        type=kind,
-        branch_id="b1",
-        status=TicketStatus.RUNNING,
-        priority=1.0,
-        prompt="hi",
-        max_tokens=8,
-        ttl_seconds=60,
-        created_at=0.0,
-        expires_at=60.0,
-        deadline=deadline,
-    )
-
-
 def test_the_start_rule_keeps_the_least_service_time_in_hand() -> None:
     rule = StartRule(frozenset({"loan_approval"}), service_seconds=0.5)
-    assert not rule.too_late(_due(10.0), now=9.5)
-    assert rule.too_late(_due(10.0), now=9.6)
-    assert not rule.too_late(_due(10.0, "loan_approval"), now=20.0)
-    assert not rule.too_late(_due(None), now=1e9)  # a ticket stored before deadlines existed
-    assert rule.reason(_due(10.0), now=11.0).startswith("deadline_passed: ")
+    assert not rule.too_late(running_ticket(deadline=10.0), now=9.5)
+    assert rule.too_late(running_ticket(deadline=10.0), now=9.6)
+    assert not rule.too_late(running_ticket("loan_approval", deadline=10.0), now=20.0)
+    assert not rule.too_late(
+        running_ticket(deadline=None), now=1e9
+    )  # a ticket stored before deadlines existed
+    assert rule.reason(running_ticket(deadline=10.0), now=11.0).startswith("deadline_passed: ")

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from shared.models import Ticket, TicketStatus
 from shared.policy import Policy
+from tests.worker.support import running_ticket
 from worker.execution import capped_max_tokens
 from worker.inflight import RunningTicket
 
@@ -16,19 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def running(ticket_type: str, max_tokens: int, prompt_tokens: int = 10) -> RunningTicket:
-    ticket = Ticket(
-        id="t1",
-        type=ticket_type,
-        branch_id="0412",
-        status=TicketStatus.RUNNING,
-        priority=0.0,
-        prompt="hi",
-        max_tokens=max_tokens,
-        ttl_seconds=30,
-        prompt_tokens_estimate=prompt_tokens,
-        created_at=0.0,
-        expires_at=30.0,
-    )
+    ticket = running_ticket(ticket_type, max_tokens=max_tokens, prompt_tokens_estimate=prompt_tokens)
     return RunningTicket(ticket, "1", 0)
 
 

@@ -113,7 +113,7 @@ def events_trimmed_after(redis: Redis, keys: QueueKeys, after_id: str) -> bool:
     then a path read after `after_id` may be missing its first transitions. A trim drops the oldest
     entries, so one newer than `after_id` is gone only if the oldest kept entry is newer too."""
     try:
-        info = {_text(k): v for k, v in cast("dict[Any, Any]", redis.xinfo_stream(keys.events)).items()}
+        info = cast("dict[str, Any]", redis.xinfo_stream(keys.events))
     except ResponseError:  # no stream: nothing was written, so nothing was dropped
         return False
     length = int(info.get("length", 0))
@@ -126,15 +126,10 @@ def events_trimmed_after(redis: Redis, keys: QueueKeys, after_id: str) -> bool:
     return _stream_id(first[0]) > _stream_id(after_id)
 
 
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
-def _stream_id(entry_id: str | bytes) -> tuple[int, int]:
-    text = _text(entry_id)
-    if text == "-":
+def _stream_id(entry_id: str) -> tuple[int, int]:
+    if entry_id == "-":
         return (0, 0)
-    ms, _, seq = text.partition("-")
+    ms, _, seq = entry_id.partition("-")
     return (int(ms), int(seq or 0))
 
 

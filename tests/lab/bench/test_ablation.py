@@ -6,26 +6,10 @@ import pytest
 
 from ops.lab.bench.ablation import ABLATIONS
 from ops.monitor.sampler import Sampler
-from shared.models import Ticket, TicketStatus
 from shared.queue import TicketQueue
 from tests.monitor.support import fill
+from tests.worker.support import running_ticket
 from worker.deadlines import StartRule
-
-
-def _due(deadline: float) -> Ticket:
-    return Ticket(
-        id="t1",
-        type="complaint",
-        branch_id="b1",
-        status=TicketStatus.RUNNING,
-        priority=1.0,
-        prompt="hi",
-        max_tokens=8,
-        ttl_seconds=60,
-        created_at=0.0,
-        expires_at=60.0,
-        deadline=deadline,
-    )
 
 
 @pytest.fixture
@@ -37,7 +21,9 @@ def deadlines_ablated(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_a_ticket_past_its_deadline_still_starts(deadlines_ablated: None) -> None:
-    assert not StartRule(frozenset({"loan_approval"}), service_seconds=0.5).too_late(_due(10.0), now=30.0)
+    assert not StartRule(frozenset({"loan_approval"}), service_seconds=0.5).too_late(
+        running_ticket(deadline=10.0), now=30.0
+    )
 
 
 def test_the_monitor_publishes_no_service_rate_so_admission_has_no_evidence_to_refuse_on(
